@@ -1,0 +1,27 @@
+# Every target creates .venv from requirements.txt when it is missing; re-running is a no-op.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: verify test bench train clean-venv
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.txt
+	$(BIN)/python -m pip install --quiet --no-deps -e .
+	touch $(STAMP)
+
+verify: $(STAMP)
+	$(BIN)/specdec-lab verify $(ARGS)
+
+# pytest exits 5 when it collected no tests; --strict-markers keeps typos loud.
+test: $(STAMP)
+	$(BIN)/python -m pytest -q --strict-markers $(PYTEST_ARGS)
+
+train: $(STAMP)
+	$(BIN)/python -m specdec_lab.train --out data/models
+
+clean-venv:
+	rm -rf $(VENV)

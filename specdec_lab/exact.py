@@ -1,0 +1,134 @@
+"""The output law of speculative sampling, computed by enumeration instead of sampling.
+
+p = target, q = draft. For one verification position with laws p and q, a rule keeps draft token x
+with probability a(x) = q_s(x) · acc(p(x), q_r(x)) and otherwise (total mass ρ = 1 − Σ a) replaces
+it with a draw from the residual r. The emitted token therefore has law
+
+    out(x) = a(x) + ρ · r(x).
+
+For Leviathan's rule a(x) = min(q(x), p(x)) and ρ r(x) = (p(x) − q(x))+, so out = p: the theorem.
+:func:`step_law` evaluates this formula for any :class:`~specdec_lab.samplers.rules.Verifier`, and
+:func:`sequence_law` chains it over the first L tokens (block positions, rejections restarting a
+block, bonus tokens after K accepts), using the same rule pieces the sampler runs.
+
+>>> import torch
+>>> from specdec_lab.sampling import SamplingConfig
+>>> from specdec_lab.samplers.rules import LEVIATHAN
+>>> p_logits = torch.log(torch.tensor([0.7, 0.2, 0.1], dtype=torch.float64))
+>>> q_logits = torch.log(torch.tensor([0.1, 0.1, 0.8], dtype=torch.float64))
+>>> law = step_law(p_logits, q_logits, SamplingConfig(), LEVIATHAN)
+>>> [round(x, 12) for x in law.tolist()]
+[0.7, 0.2, 0.1]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from specdec_lab.sampling import SamplingConfig, to_probs
+from specdec_lab.samplers.rules import Verifier
+
+
+def step_parts(target_logits: torch.Tensor, draft_logits: torch.Tensor, config: SamplingConfig,
+               verifier: Verifier) -> tuple[torch.Tensor, torch.Tensor]:
+    """(kept, replaced): a(x) and ρ·r(x), each (..., V), for one verification position."""
+    p = verifier.target_law(target_logits, config)
+    laws = verifier.draft_law(draft_logits, config)
+    kept = laws.q_sample * verifier.accept_prob(p, torch.where(laws.q_sample > 0, laws.q_ratio, 1.0))
+    kept = torch.where(laws.q_sample > 0, kept, 0.0)
+    rejected_mass = 1.0 - kept.sum(dim=-1, keepdim=True)
+    return kept, rejected_mass * verifier.residual(p, laws.q_ratio)
+
+
+def step_law(target_logits: torch.Tensor, draft_logits: torch.Tensor, config: SamplingConfig,
+             verifier: Verifier) -> torch.Tensor:
+    """Law (..., V) of the first token one verification step emits."""
+    kept, replaced = step_parts(target_logits, draft_logits, config, verifier)
+    return kept + replaced
+
+
+def tv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Total variation ½ Σ |a − b| over the last axis."""
+    return 0.5 * (a - b).abs().sum(dim=-1)
+
+
+LogitsAt = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class SequenceLaw:
+    law: torch.Tensor  # (V,)*L joint law of the first L emitted tokens
+    target: torch.Tensor  # (V,)*L the target's own joint law, the chain rule of p
+
+    @property
+    def tv(self) -> float:
+        return float(0.5 * (self.law - self.target).abs().sum())
+
+    @property
+    def max_abs_error(self) -> float:
+        return float((self.law - self.target).abs().max())
+
+
+def sequence_law(logits_at: LogitsAt, vocab_size: int, k: int, length: int, config: SamplingConfig,
+                 verifier: Verifier) -> SequenceLaw:
+    """Joint law of the first ``length`` tokens of speculative sampling with K drafts per block.
+
+    ``logits_at(prefixes)`` maps prefixes (n, t) of emitted tokens to (target_logits, draft_logits),
+    each (n, V). Enumerates all V^length sequences, so keep V^length small (V=512 with length 2 is
+    262k cells). State per prefix: the position i = 0..K inside the current block (K = bonus).
+    """
+    V, K = vocab_size, k
+    prefixes = torch.zeros(1, 0, dtype=torch.long)  # (n, t)
+    mass = torch.zeros(1, K + 1, dtype=torch.float64)  # (n, K+1) mass at each block position
+    mass[0, 0] = 1.0
+    reference = torch.ones(1, dtype=torch.float64)  # (n,) target's law of each prefix
+    parent_p = None  # target law one position back, for a bonus drawn from the wrong position
+    for _ in range(length):
+        target_logits, draft_logits = logits_at(prefixes)  # (n, V) each
+        p_used = verifier.target_law(target_logits, config)
+        kept, replaced = step_parts(target_logits, draft_logits, config, verifier)
+        wrong_position = verifier.bonus_offset != 0 and parent_p is not None
+        bonus = parent_p if wrong_position else p_used  # (n, V) law of a bonus token
+        child = torch.zeros(len(prefixes), V, K + 1, dtype=torch.float64)  # (n, V, K+1)
+        child[:, :, 1:] += mass[:, None, :K] * kept[:, :, None]  # accepted: advance in the block
+        child[:, :, 0] += (mass[:, None, :K] * replaced[:, :, None]).sum(-1)  # rejected: new block
+        child[:, :, 0] += mass[:, None, K] * bonus  # bonus token: new block
+        reference = (reference[:, None] * to_probs(target_logits, config)).reshape(-1)
+        parent_p = p_used.repeat_interleave(V, dim=0)  # law at each child's parent prefix
+        mass = child.reshape(-1, K + 1)
+        prefixes = torch.cat([prefixes.repeat_interleave(V, dim=0),
+                              torch.arange(V).repeat(len(prefixes))[:, None]], dim=1)
+    shape = (V,) * length
+    return SequenceLaw(mass.sum(-1).reshape(shape), reference.reshape(shape))
+
+
+def model_logits_at(pair, context: torch.Tensor, batch: int = 512) -> LogitsAt:
+    """``logits_at`` for a real model pair after ``context`` (C,): one batched forward per chunk."""
+
+    @torch.no_grad()
+    def logits_at(prefixes: torch.Tensor):
+        n = len(prefixes)
+        seqs = torch.cat([context.expand(n, -1), prefixes], dim=1).to(pair.device)  # (n, C + t)
+        outs = []
+        for model in (pair.target, pair.draft):
+            chunks = [model(input_ids=c).logits[:, -1, : pair.vocab_size].double().cpu()
+                      for c in seqs.split(batch)]
+            outs.append(torch.cat(chunks))
+        return outs[0], outs[1]
+
+    return logits_at
+
+
+def markov_logits_at(target_table: torch.Tensor, draft_table: torch.Tensor) -> LogitsAt:
+    """``logits_at`` for first-order Markov chains given as (V, V) log-probability tables.
+
+    The first token conditions on state 0. Useful for adversarial small-vocabulary checks.
+    """
+    def logits_at(prefixes: torch.Tensor):
+        state = prefixes[:, -1] if prefixes.shape[1] else torch.zeros(len(prefixes), dtype=torch.long)
+        return target_table[state], draft_table[state]
+
+    return logits_at

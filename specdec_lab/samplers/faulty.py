@@ -1,0 +1,97 @@
+"""Negative controls: speculative samplers with one realistic bug each (see shared ANCHORS).
+
+Each entry is a :class:`~specdec_lab.samplers.rules.Verifier` that differs from
+:data:`~specdec_lab.samplers.rules.LEVIATHAN` in exactly one piece, and records the shipped bug it
+reproduces. ``needs`` names the sampling settings under which the bug changes the output law (a
+temperature bug is invisible at temperature 1). A harness that passes any of these is broken.
+
+>>> sorted(FAULTY)[:3]
+['always_accept', 'argmax_draft_softmax_q', 'bonus_wrong_position']
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from specdec_lab.sampling import SamplingConfig, to_probs
+from specdec_lab.samplers.rules import LEVIATHAN, DraftLaws, Law, Verifier, draft_point_mass
+
+
+def _accept_always(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
+    return torch.ones_like(p_x)
+
+
+def _accept_swapped(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
+    """min(1, q(x)/p(x)): target and draft letters swapped (p(x) = 0 gives certain acceptance)."""
+    return torch.where(p_x > 0, torch.clamp(q_x / torch.where(p_x > 0, p_x, 1.0), max=1.0), 1.0)
+
+
+def _residual_p(p: Law, q: Law) -> Law:
+    return p
+
+
+def _residual_q(p: Law, q: Law) -> Law:
+    return q
+
+
+def _draft_q_untempered(logits: torch.Tensor, config: SamplingConfig) -> DraftLaws:
+    """Draft samples at the requested temperature; the ratio uses its temperature-1 softmax."""
+    return DraftLaws(to_probs(logits, config), to_probs(logits, replace(config, temperature=1.0)))
+
+
+def _draft_q_topk_unnormalised(logits: torch.Tensor, config: SamplingConfig) -> DraftLaws:
+    """Draft samples from its top-k law; the ratio uses the softmax masked but not renormalised."""
+    q = to_probs(logits, config)
+    full = to_probs(logits, replace(config, top_k=None, top_p=1.0))
+    return DraftLaws(q, torch.where(q > 0, full, 0.0))
+
+
+def _draft_argmax_softmax_q(logits: torch.Tensor, config: SamplingConfig) -> DraftLaws:
+    """Draft token is the argmax, but the ratio uses the draft's softmax instead of a point mass."""
+    return DraftLaws(draft_point_mass(logits, config).q_sample, to_probs(logits, config))
+
+
+def _target_unfiltered(logits: torch.Tensor, config: SamplingConfig) -> Law:
+    """Target law computed with the model's default settings (temperature 1, no filtering)."""
+    return to_probs(logits, SamplingConfig(dtype=config.dtype))
+
+
+FAULTY = {v.name: v for v in (
+    replace(LEVIATHAN, name="always_accept", lossless=False, accept_prob=_accept_always,
+            description="every draft token accepted (output law is q, not p)",
+            anchor="acceptance test skipped or short-circuited"),
+    replace(LEVIATHAN, name="residual_from_p", lossless=False, residual=_residual_p,
+            description="after a rejection, resample from p instead of norm((p - q)+)",
+            anchor="common re-implementation error; double-counts tokens where p > q"),
+    replace(LEVIATHAN, name="residual_from_q", lossless=False, residual=_residual_q,
+            description="after a rejection, resample from q",
+            anchor="draft-side resampling"),
+    replace(LEVIATHAN, name="q_untempered", lossless=False, draft_law=_draft_q_untempered,
+            description="draft sampled at temperature T, ratio uses its temperature-1 q",
+            anchor="vLLM #9834 / #10198 class: the two sides filtered differently",
+            needs={"temperature": 0.7}),
+    replace(LEVIATHAN, name="q_topk_unnormalised", lossless=False, draft_law=_draft_q_topk_unnormalised,
+            description="draft sampled from top-k, ratio uses q without renormalisation (ratio x 1/Z)",
+            anchor="HF transformers #47932", needs={"top_k": 20}),
+    replace(LEVIATHAN, name="argmax_draft_softmax_q", lossless=False, draft_law=_draft_argmax_softmax_q,
+            description="draft token is argmax q, yet its softmax q enters the ratio",
+            anchor="HF transformers #30778 regression"),
+    replace(LEVIATHAN, name="bonus_wrong_position", lossless=False, bonus_offset=-1,
+            description="after K accepts the bonus token is drawn from p at position K, not K+1",
+            anchor="off-by-one logits slice (TensorRT-LLM #15098 class)"),
+    replace(LEVIATHAN, name="swapped_ratio", lossless=False, accept_prob=_accept_swapped,
+            description="acceptance with min(1, q/p): target and draft letters swapped",
+            anchor="notation drift between files"),
+    replace(LEVIATHAN, name="target_unfiltered", lossless=False, target_law=_target_unfiltered,
+            description="target probabilities at default temperature while the draft is tempered",
+            anchor="vLLM #9834", needs={"temperature": 0.7}),
+)}
+
+
+def get(name: str) -> Verifier:
+    """A faulty verifier by name, with an error listing the valid names."""
+    if name not in FAULTY:
+        raise ValueError(f"unknown faulty variant {name!r}; valid names: {', '.join(sorted(FAULTY))}")
+    return FAULTY[name]
