@@ -17,6 +17,9 @@ class NaiveConfig:
     def describe(self) -> dict:
         return {"sampler": "naive", **self.sampling.describe()}
 
+    def draw(self, pair, prompt, n, length, generator) -> "SampleResult":
+        return sample_naive(pair, prompt, n, length, self, generator)
+
 
 @dataclass
 class SampleResult:

@@ -38,7 +38,10 @@ class SpeculativeConfig:
 
     def describe(self) -> dict:
         return {"sampler": "speculative", "k": self.k, "verifier": self.verifier.name,
-                **self.sampling.describe()}
+                "lossless": self.verifier.lossless, **self.sampling.describe()}
+
+    def draw(self, pair, prompt, n, length, generator) -> SampleResult:
+        return sample_speculative(pair, prompt, n, length, self, generator)
 
 
 def expected_tokens_per_pass(alpha: float, k: int) -> float:

@@ -1,0 +1,91 @@
+"""Tables and seaborn figures for a verification run (used by the CLI and the notebooks)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+
+def verdict_table(entries: list[dict]) -> pd.DataFrame:
+    """Sampler × test rows: statistic, p-value, TV plug-in, TV upper bound, KL, verdict."""
+    rows = []
+    for entry in entries:
+        for row in entry["suite"].rows():
+            rows.append({"expected": "lossless" if entry["lossless"] else "negative control",
+                         "exact_tv": entry["exact_tv"], **row})
+    return pd.DataFrame(rows)
+
+
+def summary_table(entries: list[dict]) -> pd.DataFrame:
+    """One row per sampler: what was expected, what the suite found, and whether that is right."""
+    rows = []
+    for e in entries:
+        s = e["suite"]
+        stats = e["stats"] or {}
+        rows.append({
+            "sampler": s.name, "expected": "lossless" if e["lossless"] else "negative control",
+            "m": s.m, "exact TV (2 tokens)": e["exact_tv"], "TV plug-in": s.tv_plugin,
+            "TV upper 99%": s.tv_bound.upper, "KL (MM)": s.kl, "Holm p": s.global_pvalue,
+            "acceptance": stats.get("acceptance", np.nan),
+            "tokens/pass": stats.get("tokens_per_target_pass", np.nan),
+            "theory tokens/pass": stats.get("theory_tokens_per_target_pass", np.nan),
+            "verdict": s.verdict, "correct call": (s.verdict == "equivalent") == e["lossless"]
+            and (e["lossless"] or s.verdict == "rejected"),
+            "in words": s.verdict_text,
+        })
+    return pd.DataFrame(rows)
+
+
+def to_markdown(frame: pd.DataFrame, floatfmt: str = ".4g") -> str:
+    """A GitHub markdown table without the optional ``tabulate`` dependency."""
+    def cell(v):
+        if isinstance(v, (float, np.floating)):
+            return "" if np.isnan(v) else format(v, floatfmt)
+        return str(v)
+    header = "| " + " | ".join(frame.columns) + " |"
+    rule = "|" + "|".join("---" for _ in frame.columns) + "|"
+    body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
+    return "\n".join([header, rule, *body])
+
+
+def plot_tv_bounds(summary: pd.DataFrame, tolerance: float, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(summary) + 1.5))
+    sns.barplot(data=summary, y="sampler", x="TV upper 99%", hue="expected", dodge=False, ax=ax)
+    ax.axvline(tolerance, color="black", linestyle="--", label=f"ε = {tolerance:g}")
+    ax.set_xscale("log")
+    ax.set_title("Upper 99% confidence bound on TV(sampler, target), first token")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_first_token(laws: dict[str, np.ndarray], exact: np.ndarray, path: Path, top: int = 25) -> None:
+    """Empirical first-token frequencies of several samplers next to the exact target law."""
+    order = np.argsort(exact)[::-1][:top]
+    rows = [{"token rank": r, "probability": exact[i], "source": "exact target p"} for r, i in enumerate(order)]
+    for name, freq in laws.items():
+        rows += [{"token rank": r, "probability": freq[i], "source": name} for r, i in enumerate(order)]
+    fig, ax = plt.subplots(figsize=(10, 4))
+    sns.lineplot(data=pd.DataFrame(rows), x="token rank", y="probability", hue="source", marker="o", ax=ax)
+    ax.set_title(f"First-token law: {top} most likely target tokens")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_pit(pits: dict[str, np.ndarray], path: Path, bins: int = 20) -> None:
+    """Randomized PIT histograms: flat for a lossless sampler."""
+    frame = pd.concat([pd.DataFrame({"u": u.ravel(), "sampler": name}) for name, u in pits.items()])
+    grid = sns.displot(frame, x="u", col="sampler", col_wrap=4, bins=bins, stat="density",
+                       height=2.2, aspect=1.2, common_norm=False)
+    grid.refline(y=1.0, color="black", linestyle="--")
+    grid.savefig(path, dpi=100)
+    plt.close(grid.figure)

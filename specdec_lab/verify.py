@@ -1,0 +1,162 @@
+"""The main job: collect from every sampler, run the suite, write a report, decide.
+
+Correct samplers (naive; speculative K=4 at temperature 1 and 0.7 and with top-p; the point-mass
+draft) must come out **equivalent** (TV upper bound below ε); every negative control in
+:data:`specdec_lab.samplers.faulty.FAULTY` must come out **rejected**. Anything else fails the run.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specdec_lab import exact, report, stats
+from specdec_lab.collect import collect
+from specdec_lab.sampling import SamplingConfig
+from specdec_lab.samplers.faulty import FAULTY
+from specdec_lab.samplers.naive import NaiveConfig
+from specdec_lab.samplers.rules import POINT_MASS
+from specdec_lab.samplers.speculative import SpeculativeConfig
+from specdec_lab.suite import SuiteSettings, run_suite, score
+
+
+@dataclass(frozen=True)
+class Scale:
+    correct_samples: int  # per correct sampler: sized so the TV bound reaches the tolerance
+    faulty_samples: int  # per negative control: enough to reject the smallest planted effect
+    length: int  # new tokens per sample
+    tolerance: float  # ε of the equivalence verdict
+
+
+SCALES = {
+    "smoke": Scale(2_000, 2_000, 3, 0.02),  # seconds; for tests of the pipeline, verdicts inconclusive
+    "default": Scale(60_000, 20_000, 3, 0.02),  # ≈ 8 minutes on 2 CPU cores
+    "full": Scale(240_000, 40_000, 3, 0.01),
+}
+
+DEFAULT_PROMPT = "ROMEO:\n"
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    scale: str = "default"
+    k: int = 4
+    temperature: float = 1.0
+    low_temperature: float = 0.7
+    top_p: float = 0.9
+    top_k: int | None = None
+    samples: int | None = None  # overrides the scale's correct_samples
+    seed: int = 0
+    prompt: str = DEFAULT_PROMPT
+    out: Path = Path("reports")
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.scale not in SCALES:
+            raise ValueError(f"unknown scale {self.scale!r}; valid scales: {', '.join(SCALES)}")
+
+
+def samplers_to_run(options: VerifyOptions) -> list[tuple[str, object, bool]]:
+    """(name, sampler, lossless) for every correct sampler and every negative control."""
+    base = SamplingConfig(temperature=options.temperature, top_k=options.top_k)
+    spec = SpeculativeConfig(k=options.k, sampling=base)
+    runs = [
+        ("naive", NaiveConfig(base), True),
+        (f"speculative K={options.k} T={options.temperature:g}", spec, True),
+        (f"speculative K={options.k} T={options.low_temperature:g}",
+         replace(spec, sampling=replace(base, temperature=options.low_temperature)), True),
+        (f"speculative K={options.k} top-p={options.top_p:g}",
+         replace(spec, sampling=replace(base, top_p=options.top_p)), True),
+        (f"point-mass draft K={options.k}", replace(spec, verifier=POINT_MASS), True),
+    ]
+    for name, verifier in FAULTY.items():
+        needs = dict(verifier.needs or {})
+        k = needs.pop("k", options.k)
+        runs.append((f"faulty: {name}", SpeculativeConfig(k=k, sampling=replace(base, **needs),
+                                                          verifier=verifier), False))
+    return runs
+
+
+def exact_tv(pair, prompt_ids: torch.Tensor, sampler, length: int) -> float:
+    """TV between the sampler's exact law of the first min(2, L) tokens and the target's."""
+    if not isinstance(sampler, SpeculativeConfig):
+        return 0.0
+    law = exact.sequence_law(exact.model_logits_at(pair, prompt_ids), pair.vocab_size, sampler.k,
+                             min(2, length), sampler.sampling, sampler.verifier)
+    return law.tv
+
+
+def run_verify(pair, options: VerifyOptions) -> dict:
+    """Run everything; return {"summary", "table", "folder", "passed"}."""
+    scale = SCALES[options.scale]
+    folder = options.out / time.strftime("%Y%m%d-%H%M%S")
+    (folder / "samples").mkdir(parents=True, exist_ok=True)
+    settings = SuiteSettings(tolerance=scale.tolerance)
+    prompt_ids = pair.encode(options.prompt)
+    rng = np.random.default_rng(options.seed)
+    entries, first_laws, pits = [], {}, {}
+    for index, (name, sampler, lossless) in enumerate(samplers_to_run(options)):
+        n = (options.samples or scale.correct_samples) if lossless else scale.faulty_samples
+        file = folder / "samples" / f"{index:02d}-{_slug(name)}.parquet"
+        started = time.time()
+        samples = collect(pair, sampler, options.prompt, n, scale.length, options.seed + index, file,
+                          progress=options.progress)
+        tokens = samples.tokens()
+        scores = score(pair, prompt_ids, tokens, sampler.sampling, settings.min_prefix_count)
+        suite = run_suite(name, tokens, scores, settings, rng)
+        entries.append({"suite": suite, "lossless": lossless, "stats": samples.meta.get("stats"),
+                        "exact_tv": exact_tv(pair, prompt_ids, sampler, scale.length)})
+        if name in ("naive", "faulty: residual_from_p", "faulty: always_accept") or index == 1:
+            first_laws[name] = np.bincount(tokens[:, 0], minlength=pair.vocab_size) / len(tokens)
+        if index < 2 or not lossless and len(pits) < 8:
+            pits[name] = stats.randomized_pit(scores.cdf_below, scores.p_x, rng)
+        if options.progress:
+            print(f"  {name:<42} m={n:<7} {suite.verdict:<12} ({time.time() - started:.0f}s)", flush=True)
+    summary = report.summary_table(entries)
+    table = report.verdict_table(entries)
+    exact_first = score(pair, prompt_ids, np.zeros((1, 1), dtype=np.int64), SamplingConfig(
+        temperature=options.temperature, top_k=options.top_k)).first_law
+    report.plot_tv_bounds(summary, scale.tolerance, folder / "tv_bounds.png")
+    report.plot_first_token(first_laws, exact_first, folder / "first_token.png")
+    report.plot_pit(pits, folder / "pit.png")
+    passed = bool(summary["correct call"].all())
+    _write_markdown(folder, summary, table, options, scale, pair, passed)
+    summary.to_csv(folder / "summary.csv", index=False)
+    table.to_csv(folder / "tests.csv", index=False)
+    return {"summary": summary, "table": table, "folder": folder, "passed": passed}
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in name).strip("-").lower()
+
+
+def _write_markdown(folder, summary, table, options, scale, pair, passed) -> None:
+    lines = [
+        "# specdec-lab verify",
+        "",
+        f"Models: `{pair.identity.get('pair')}` (target sha256 `{pair.identity.get('target_sha256', '')[:16]}…`, "
+        f"draft sha256 `{pair.identity.get('draft_sha256', '')[:16]}…`), vocabulary {pair.vocab_size}.",
+        f"Prompt {options.prompt!r}, L = {scale.length} new tokens, K = {options.k}, seed {options.seed}, "
+        f"scale `{options.scale}`, ε = {scale.tolerance:g}, α = 0.01 per sampler (Holm across its tests).",
+        "",
+        f"**Overall: {'PASS' if passed else 'FAIL'}** — every lossless sampler must be *equivalent*, "
+        "every negative control *rejected*.",
+        "",
+        "## Summary",
+        "",
+        report.to_markdown(summary),
+        "",
+        "## Every test",
+        "",
+        report.to_markdown(table),
+        "",
+        "![TV bounds](tv_bounds.png)",
+        "![first token](first_token.png)",
+        "![PIT](pit.png)",
+        "",
+    ]
+    (folder / "report.md").write_text("\n".join(lines))
