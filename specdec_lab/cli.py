@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--top-p", type=float, default=1.0)
     c.add_argument("--samples", type=int, default=10_000)
     c.add_argument("--length", type=int, default=8)
-    c.add_argument("--batch-size", type=int, default=4096)
+    c.add_argument("--batch-size", type=int, default=1024)
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--prompt", default=DEFAULT_PROMPT)
     c.add_argument("--out", type=Path, required=True)

@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from specdec_lab import __version__
 from specdec_lab.sampling import make_generator
+from specdec_lab.samplers.naive import merge_stats
 
 META_KEY = b"specdec_lab"
 
@@ -70,7 +71,7 @@ def batch_seed(seed: int, prompt_index: int, batch_index: int) -> int:
 
 
 def collect(pair, sampler, prompts: list[str] | str, n: int, length: int, seed: int, path: str | Path,
-            batch_size: int = 4096, progress: bool = True) -> SampleSet:
+            batch_size: int = 1024, progress: bool = True) -> SampleSet:
     """Collect ``n`` samples of ``length`` new tokens per prompt from ``sampler`` into ``path``.
 
     ``sampler`` is any object with ``describe() -> dict`` and
@@ -99,7 +100,8 @@ def collect(pair, sampler, prompts: list[str] | str, n: int, length: int, seed: 
         bar.update(size)
     bar.close()
     tables = [pq.read_table(parts / f"p{i:03d}-b{j:05d}.parquet") for i, j in jobs]
-    meta["stats"] = _merge_stats([json.loads(t.schema.metadata[META_KEY]) for t in tables])
+    batches = [json.loads(t.schema.metadata[META_KEY]) for t in tables]
+    meta["stats"] = merge_stats([b["stats"] for b in batches], [b["size"] for b in batches])
     table = pa.concat_tables([t.replace_schema_metadata(None) for t in tables])
     _write_atomic(table, path, meta)
     shutil.rmtree(parts)
@@ -161,20 +163,3 @@ def _write_atomic(table: pa.Table, path: Path, meta: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
     pq.write_table(table, tmp)
     os.replace(tmp, path)
-
-
-def _merge_stats(per_batch: list[dict]) -> dict:
-    """Sum pass counts; average rates weighted by batch size."""
-    if not per_batch or not per_batch[0]["stats"]:
-        return {}
-    sizes = np.array([b["size"] for b in per_batch], dtype=np.float64)
-    merged = {}
-    for key in per_batch[0]["stats"]:
-        values = np.array([b["stats"][key] for b in per_batch], dtype=np.float64)
-        if key.endswith("passes") or key == "chain_steps":
-            merged[key] = int(values.sum())
-        elif key == "k":
-            merged[key] = int(values[0])
-        else:
-            merged[key] = float((values * sizes).sum() / sizes.sum())
-    return merged

@@ -89,7 +89,16 @@ def make_generator(seed: int, device: str | torch.device = "cpu") -> torch.Gener
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Draw one token per row from probs (..., V) -> (...) int64, using ``generator`` only."""
-    flat = probs.reshape(-1, probs.shape[-1])
-    draws = torch.multinomial(flat, 1, generator=generator).squeeze(-1)
-    return draws.reshape(probs.shape[:-1])
+    """Draw one token per row from probs (..., V) -> (...) int64, using ``generator`` only.
+
+    Inverse-CDF sampling: u ~ U(0, 1) and the first token whose cumulative mass exceeds u·total.
+    Tokens of probability 0 can never be drawn (their cumulative mass equals their predecessor's,
+    and the index is capped at the last token of positive probability).
+    """
+    flat = probs.reshape(-1, probs.shape[-1])  # (R, V)
+    cdf = torch.cumsum(flat, dim=-1)
+    u = torch.rand(flat.shape[0], 1, generator=generator, dtype=flat.dtype, device=flat.device)
+    draws = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1)  # (R,)
+    V = flat.shape[-1]
+    last_positive = V - 1 - torch.flip(flat > 0, dims=[-1]).long().argmax(dim=-1)
+    return torch.minimum(draws, last_positive).reshape(probs.shape[:-1])

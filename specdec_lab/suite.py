@@ -57,7 +57,7 @@ def frequent_prefixes(tokens: np.ndarray, min_count: int) -> dict:
 
 @torch.no_grad()
 def score(pair, prompt_ids: torch.Tensor, tokens: np.ndarray, sampling: SamplingConfig,
-          min_prefix_count: int = 200, chunk: int = 4096) -> Scores:
+          min_prefix_count: int = 200, chunk: int = 1024) -> Scores:
     """Score sampled tokens (N, L) under the exact target law p (after ``sampling``)."""
     N, L = tokens.shape
     wanted = frequent_prefixes(tokens, min_prefix_count)
@@ -66,7 +66,7 @@ def score(pair, prompt_ids: torch.Tensor, tokens: np.ndarray, sampling: Sampling
         by_row.setdefault(row, []).append(key)
     out = {name: np.empty((N, L)) for name in ("p_x", "cdf_below", "entropy", "varentropy")}
     prefix_laws, first_law = {}, None
-    x_all = torch.as_tensor(tokens, dtype=torch.long)
+    x_all = torch.tensor(np.asarray(tokens), dtype=torch.long)
     for start in range(0, N, chunk):
         x = x_all[start:start + chunk].to(pair.device)  # (n, L)
         n = len(x)

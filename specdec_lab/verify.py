@@ -34,8 +34,8 @@ class Scale:
 
 SCALES = {
     "smoke": Scale(2_000, 2_000, 3, 0.02),  # seconds; for tests of the pipeline, verdicts inconclusive
-    "default": Scale(60_000, 20_000, 3, 0.02),  # ≈ 8 minutes on 2 CPU cores
-    "full": Scale(240_000, 40_000, 3, 0.01),
+    "default": Scale(50_000, 10_000, 3, 0.02),  # ≈ 6 minutes on 2 CPU cores
+    "full": Scale(220_000, 20_000, 3, 0.01),
 }
 
 DEFAULT_PROMPT = "ROMEO:\n"

@@ -22,14 +22,13 @@ from specdec_lab.samplers.rules import POINT_MASS
 from specdec_lab.samplers.speculative import SpeculativeConfig, expected_tokens_per_pass, sample_speculative
 from specdec_lab.suite import SuiteSettings, run_suite, score
 
-LENGTH = 3
+LENGTH = 2  # first token, and token 2 conditional on token 1 (where K=1 bonus bugs show)
 SETTINGS = SuiteSettings(alpha=ALPHA, n_resamples=2000)
 
 CORRECT = {
     "K=1 T=1": SpeculativeConfig(k=1),
     "K=4 T=1": SpeculativeConfig(k=4),
     "K=4 T=0.7": SpeculativeConfig(k=4, sampling=SamplingConfig(temperature=0.7)),
-    "K=1 T=0.7": SpeculativeConfig(k=1, sampling=SamplingConfig(temperature=0.7)),
     "K=4 top-k=20": SpeculativeConfig(k=4, sampling=SamplingConfig(top_k=20)),
     "K=4 top-p=0.9": SpeculativeConfig(k=4, sampling=SamplingConfig(top_p=0.9)),
     "point-mass K=4": SpeculativeConfig(k=4, verifier=POINT_MASS),

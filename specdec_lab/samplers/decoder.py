@@ -47,6 +47,11 @@ class Decoder:
         if T > 0:
             self.valid[:, -T:] &= ~drop
 
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only the chains at ``rows`` (B',): finished chains leave the batch."""
+        self.cache.batch_select_indices(rows)
+        self.valid = self.valid[rows]
+
     def prefill(self, prompt: torch.Tensor) -> None:
         """Feed prompt (P,) once and share its cache across all B chains."""
         from transformers import DynamicCache

@@ -2,8 +2,9 @@
 
 Each entry is a :class:`~specdec_lab.samplers.rules.Verifier` that differs from
 :data:`~specdec_lab.samplers.rules.LEVIATHAN` in exactly one piece, and records the shipped bug it
-reproduces. ``needs`` names the sampling settings under which the bug changes the output law (a
-temperature bug is invisible at temperature 1). A harness that passes any of these is broken.
+reproduces. ``needs`` names the settings under which the bug changes the output law (a
+temperature bug is invisible at temperature 1; ``k`` is the number of draft tokens, the rest are
+:class:`~specdec_lab.sampling.SamplingConfig` fields). A harness that passes any of these is broken.
 
 >>> sorted(FAULTY)[:3]
 ['always_accept', 'argmax_draft_softmax_q', 'bonus_wrong_position']
@@ -80,7 +81,8 @@ FAULTY = {v.name: v for v in (
             anchor="HF transformers #30778 regression"),
     replace(LEVIATHAN, name="bonus_wrong_position", lossless=False, bonus_offset=-1,
             description="after K accepts the bonus token is drawn from p at position K, not K+1",
-            anchor="off-by-one logits slice (TensorRT-LLM #15098 class)"),
+            anchor="off-by-one logits slice (TensorRT-LLM #15098 class)",
+            needs={"k": 1}),  # with K = 1 the bonus is token 2, inside the tested window
     replace(LEVIATHAN, name="swapped_ratio", lossless=False, accept_prob=_accept_swapped,
             description="acceptance with min(1, q/p): target and draft letters swapped",
             anchor="notation drift between files"),

@@ -10,8 +10,9 @@ p = target, q = draft. One step, per chain:
 
 Chains accept different n, so caches go ragged: rejected drafts stay in the cache as masked slots
 (:class:`~specdec_lab.samplers.decoder.Decoder`). When a chain accepted all K drafts, the draft model
-never saw d_K; it is fed at the start of the next step together with y. Every chain runs until it
-has at least L tokens; the last block is truncated so each chain returns exactly L.
+never saw d_K; it is fed at the start of the next step together with y. A chain leaves the batch
+(its cache rows dropped) once it has at least L tokens; the last block is truncated so each chain
+returns exactly L.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 
 from specdec_lab.sampling import SamplingConfig, sample
 from specdec_lab.samplers.decoder import Decoder
-from specdec_lab.samplers.naive import SampleResult
+from specdec_lab.samplers.naive import CHUNK, SampleResult, check_request, in_chunks
 from specdec_lab.samplers.rules import LEVIATHAN, Verifier
 
 
@@ -93,59 +94,65 @@ def verify(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, verifier: Ver
 
 
 def sample_speculative(pair, prompt: torch.Tensor, n: int, length: int, config: SpeculativeConfig,
-                       generator: torch.Generator) -> SampleResult:
+                       generator: torch.Generator, chunk: int = CHUNK) -> SampleResult:
     """Draw ``n`` continuations of ``length`` tokens after ``prompt`` (P,) by speculative sampling.
 
     Returns tokens (N, L) and stats: acceptance (per evaluated draft token), tokens per target pass
     (before truncation), target and draft passes, and the theoretical tokens per pass at that
     acceptance, (1 − α^{K+1})/(1 − α).
     """
-    if prompt.ndim != 1 or prompt.numel() < 1:
-        raise ValueError("prompt must be a non-empty 1-D tensor of token ids")
-    if n < 1 or length < 1:
-        raise ValueError(f"need n >= 1 chains and length >= 1 tokens, got n={n}, length={length}")
+    check_request(prompt, n, length)
+    return in_chunks(lambda size: _speculative_batch(pair, prompt, size, length, config, generator), n, chunk)
+
+
+def _speculative_batch(pair, prompt, n, length, config, generator) -> SampleResult:
     K, device = config.k, pair.device
     target = Decoder(pair.target, pair.vocab_size, n, device)
     draft = Decoder(pair.draft, pair.vocab_size, n, device)
     target.prefill(prompt[:-1])
     draft.prefill(prompt[:-1])
-    last = prompt[-1:].to(device).expand(n).clone()  # (N,) latest token, not yet in either cache
+    out = torch.zeros(n, length + K + 1, dtype=torch.long, device=device)  # last column: discard slot
+    count = torch.zeros(n, dtype=torch.long, device=device)  # tokens emitted per chain
+    rows = torch.arange(n, device=device)  # batch slot -> chain; finished chains are dropped
+    last = prompt[-1:].to(device).expand(n).clone()  # (B,) latest token, not yet in either cache
     pending = torch.zeros(n, dtype=torch.long, device=device)  # d_K the draft has not seen
     has_pending = torch.zeros(n, dtype=torch.bool, device=device)
-    out = torch.zeros(n, length + K + 1, dtype=torch.long, device=device)
-    count = torch.zeros(n, dtype=torch.long, device=device)
     steps = accepted_total = evaluated_total = emitted_total = 0
-    while bool((count < length).any()):
-        active = count < length  # (N,) chains still short of L tokens
+    while len(rows):
+        B = len(rows)
         if bool(has_pending.any()):
-            first = torch.stack([pending, last], dim=1)  # (N, 2)
+            first = torch.stack([pending, last], dim=1)  # (B, 2)
             keep = torch.stack([has_pending, torch.ones_like(has_pending)], dim=1)
         else:
             first, keep = last[:, None], None
-        drafts, q = propose(draft, first, keep, K, config, generator)  # (N, K), (N, K, V)
-        p_logits = target.feed(torch.cat([last[:, None], drafts], dim=1))  # (N, K+1, V)
+        drafts, q = propose(draft, first, keep, K, config, generator)  # (B, K), (B, K, V)
+        p_logits = target.feed(torch.cat([last[:, None], drafts], dim=1))  # (B, K+1, V)
         p = config.verifier.target_law(p_logits, config.sampling)
-        n_acc, y = verify(p, q, drafts, config.verifier, generator)
+        n_acc, y = verify(p, q, drafts, config.verifier, generator)  # (B,), (B,)
 
         slot = torch.arange(K, device=device)[None]  # (1, K)
-        rejected = slot >= n_acc[:, None]  # (N, K) drafts after the first rejection
-        target.discard(rejected)  # target fed last, d_1..d_K: drop rejected drafts
-        draft.discard(rejected[:, : K - 1])  # draft fed d_1..d_{K-1} after the opening block
-        has_pending, pending = n_acc == K, drafts[:, K - 1]
+        rejected = slot >= n_acc[:, None]  # (B, K) drafts after the first rejection
+        target.discard(rejected)  # target was fed last, d_1..d_K
+        draft.discard(rejected[:, : K - 1])  # draft was fed d_1..d_{K-1} after the opening block
+        has_pending, pending, last = n_acc == K, drafts[:, K - 1], y
 
-        block = torch.cat([drafts, y[:, None]], dim=1)  # (N, K+1)
-        block_keep = slot.expand(n, K).le(n_acc[:, None] - 1)  # (N, K) accepted drafts
-        block_keep = torch.cat([block_keep, torch.ones(n, 1, dtype=torch.bool, device=device)], dim=1)
-        write_pos = count[:, None] + torch.cumsum(block_keep, dim=1) - 1  # (N, K+1)
-        write_pos = torch.where(block_keep & active[:, None], write_pos, out.shape[1] - 1)
-        out.scatter_(1, write_pos, block)
-        count = count + torch.where(active, n_acc + 1, 0)
-        last = y
+        emitted = torch.cat([~rejected, torch.ones(B, 1, dtype=torch.bool, device=device)], dim=1)  # (B, K+1)
+        block = torch.cat([drafts, y[:, None]], dim=1)  # accepted drafts, then y
+        write = count[rows, None] + torch.cumsum(emitted, dim=1) - 1  # (B, K+1) output columns
+        out[rows] = out[rows].scatter(1, torch.where(emitted, write, out.shape[1] - 1), block)
+        count[rows] += n_acc + 1
 
-        steps += int(active.sum())
-        accepted_total += int(n_acc[active].sum())
-        evaluated_total += int(torch.clamp(n_acc + 1, max=K)[active].sum())
-        emitted_total += int((n_acc + 1)[active].sum())
+        steps += B
+        accepted_total += int(n_acc.sum())
+        evaluated_total += int(torch.clamp(n_acc + 1, max=K).sum())
+        emitted_total += int((n_acc + 1).sum())
+        alive = count[rows] < length
+        if not bool(alive.all()):
+            keep_rows = alive.nonzero().squeeze(1)
+            rows, last, pending, has_pending = rows[keep_rows], last[keep_rows], pending[keep_rows], has_pending[keep_rows]
+            if len(rows):
+                target.select(keep_rows)
+                draft.select(keep_rows)
     alpha = accepted_total / max(1, evaluated_total)
     stats = {"k": K, "acceptance": alpha, "tokens_per_target_pass": emitted_total / max(1, steps),
              "theory_tokens_per_target_pass": expected_tokens_per_pass(alpha, K),
