@@ -101,7 +101,7 @@ def collect(pair, sampler, prompts: list[str] | str, n: int, length: int, seed: 
     bar.close()
     tables = [pq.read_table(parts / f"p{i:03d}-b{j:05d}.parquet") for i, j in jobs]
     batches = [json.loads(t.schema.metadata[META_KEY]) for t in tables]
-    meta["stats"] = merge_stats([b["stats"] for b in batches], [b["size"] for b in batches])
+    meta["stats"] = merge_stats([b["stats"] for b in batches])
     table = pa.concat_tables([t.replace_schema_metadata(None) for t in tables])
     _write_atomic(table, path, meta)
     shutil.rmtree(parts)

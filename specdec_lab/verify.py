@@ -33,7 +33,7 @@ class Scale:
 
 
 SCALES = {
-    "smoke": Scale(2_000, 2_000, 3, 0.02),  # seconds; for tests of the pipeline, verdicts inconclusive
+    "smoke": Scale(1_000, 2_000, 3, 0.02),  # under a minute; tests the pipeline, lossless verdicts inconclusive
     "default": Scale(50_000, 10_000, 3, 0.02),  # ≈ 6 minutes on 2 CPU cores
     "full": Scale(220_000, 20_000, 3, 0.01),
 }

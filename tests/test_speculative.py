@@ -81,7 +81,7 @@ def test_faulty_sampler_follows_its_exact_law(pair, prompt, name):
         t = pair.target(prompt[None]).logits[0, -1, : pair.vocab_size].double()
         d = pair.draft(prompt[None]).logits[0, -1, : pair.vocab_size].double()
     law = step_law(t, d, config.sampling, config.verifier).numpy()
-    tokens = sample_speculative(pair, prompt, 30_000, 1, config, make_generator(4)).tokens
+    tokens = sample_speculative(pair, prompt, 15_000, 1, config, make_generator(4)).tokens
     counts = np.bincount(tokens[:, 0].numpy(), minlength=pair.vocab_size)
     law = law / law.sum()
     assert stats.chisquare_identity(counts, law).pvalue > ALPHA
@@ -121,7 +121,7 @@ def test_all_chains_reject_at_once(pair, prompt):
                         pair.device)
     config = SpeculativeConfig(k=4, sampling=SamplingConfig(top_k=20))
     p = first_token_law(pair, prompt, config.sampling)
-    res = sample_speculative(hostile, prompt, 20_000, 2, config, make_generator(3))
+    res = sample_speculative(hostile, prompt, 10_000, 2, config, make_generator(3))
     assert res.stats["acceptance"] == 0 and res.stats["tokens_per_target_pass"] == 1
     counts = np.bincount(res.tokens[:, 0].numpy(), minlength=len(p))
     assert stats.chisquare_identity(counts, p).pvalue > ALPHA
@@ -143,7 +143,7 @@ def test_ragged_edges_give_exactly_length_tokens(pair, prompt, k, length):
 
 def test_first_token_law_when_k_exceeds_length(pair, prompt):
     p = first_token_law(pair, prompt, SamplingConfig())
-    res = sample_speculative(pair, prompt, 30_000, 2, SpeculativeConfig(k=8), make_generator(6))
+    res = sample_speculative(pair, prompt, 15_000, 2, SpeculativeConfig(k=8), make_generator(6))
     counts = np.bincount(res.tokens[:, 0].numpy(), minlength=len(p))
     assert stats.chisquare_identity(counts, p).pvalue > ALPHA
 
@@ -154,7 +154,7 @@ def test_measured_tokens_per_pass_matches_theory(pair, prompt):
     assert 0.3 < s["acceptance"] < 1.0
     assert s["theory_tokens_per_target_pass"] == pytest.approx(expected_tokens_per_pass(s["acceptance"], 4))
     assert s["tokens_per_target_pass"] == pytest.approx(s["theory_tokens_per_target_pass"], rel=0.05)
-    assert s["draft_passes"] - 1 == 4 * (s["target_passes"] - 1)  # K draft passes per step, one prefill each
+    assert s["draft_passes"] == 4 * s["target_passes"]  # K draft passes per target pass
 
 
 def test_bad_settings(pair, prompt):

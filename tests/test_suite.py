@@ -13,7 +13,7 @@ from specdec_lab.suite import SuiteSettings, frequent_prefixes, run_suite, score
 SETTINGS = SuiteSettings(alpha=0.05, n_resamples=999, min_prefix_count=100)
 
 
-def suite_over_seeds(pair, prompt, draw, seeds, m=3000, length=3):
+def suite_over_seeds(pair, prompt, draw, seeds, m=2000, length=3):
     results = []
     for seed in seeds:
         tokens = draw(seed, m, length)
@@ -31,7 +31,7 @@ def test_false_positive_rate_over_seeds(pair, prompt, sampler):
             return sample_naive(pair, prompt, m, length, NaiveConfig(), make_generator(seed)).tokens.numpy()
         return sample_speculative(pair, prompt, m, length, SpeculativeConfig(k=4), make_generator(seed)).tokens.numpy()
 
-    R = 30
+    R = 24
     results = suite_over_seeds(pair, prompt, draw, range(1000, 1000 + R))
     rejected = np.mean([r.global_pvalue < SETTINGS.alpha for r in results])
     assert rejected <= SETTINGS.alpha + 3 * np.sqrt(SETTINGS.alpha * (1 - SETTINGS.alpha) / R)

@@ -20,7 +20,7 @@ class Decoder:
         self.model, self.vocab_size, self.device = model, vocab_size, device
         self.cache = DynamicCache()
         self.valid = torch.zeros(batch, 0, dtype=torch.bool, device=device)  # (B, S)
-        self.passes = 0
+        self.passes = 0  # decoding forwards (the prompt prefill is not counted)
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -64,4 +64,3 @@ class Decoder:
         self.cache = out.cache
         self.cache.batch_repeat_interleave(B)
         self.valid = torch.ones(B, prompt.numel(), dtype=torch.bool, device=self.device)
-        self.passes += 1

@@ -8,6 +8,7 @@ import torch
 
 from specdec_lab.sampling import SamplingConfig, sample, to_probs
 from specdec_lab.samplers.decoder import Decoder
+from specdec_lab.theory import expected_tokens_per_pass
 
 
 @dataclass(frozen=True)
@@ -33,21 +34,26 @@ class SampleResult:
     stats: dict | None = None
 
 
-def merge_stats(per_chunk: list[dict], sizes: list[int]) -> dict:
-    """Sum pass counts; average rates weighted by the number of chains."""
+RATES = ("acceptance", "tokens_per_target_pass", "theory_tokens_per_target_pass")
+
+
+def speculative_rates(counts: dict) -> dict:
+    """Acceptance α (accepted / evaluated drafts), tokens per target pass, and the theory's
+    (1 − α^{K+1})/(1 − α) at that α (Leviathan et al.)."""
+    alpha = counts["accepted_drafts"] / max(1, counts["evaluated_drafts"])
+    return {**counts, "acceptance": alpha,
+            "tokens_per_target_pass": counts["emitted_tokens"] / max(1, counts["chain_steps"]),
+            "theory_tokens_per_target_pass": expected_tokens_per_pass(alpha, counts["k"])}
+
+
+def merge_stats(per_chunk: list[dict]) -> dict:
+    """Sum the counts of several runs; rates are recomputed from the summed counts."""
     if not per_chunk or not per_chunk[0]:
         return {}
-    weights = torch.tensor(sizes, dtype=torch.float64)
-    merged = {}
-    for key in per_chunk[0]:
-        values = torch.tensor([s[key] for s in per_chunk], dtype=torch.float64)
-        if key.endswith("passes") or key == "chain_steps":
-            merged[key] = int(values.sum())
-        elif key == "k":
-            merged[key] = int(values[0])
-        else:
-            merged[key] = float((values * weights).sum() / weights.sum())
-    return merged
+    merged = {key: sum(s[key] for s in per_chunk) for key in per_chunk[0] if key not in RATES and key != "k"}
+    if "k" in per_chunk[0]:
+        merged["k"] = per_chunk[0]["k"]
+    return speculative_rates(merged) if "accepted_drafts" in merged else merged
 
 
 def in_chunks(draw, n: int, chunk: int) -> SampleResult:
@@ -57,8 +63,7 @@ def in_chunks(draw, n: int, chunk: int) -> SampleResult:
     sizes = [min(chunk, n - start) for start in range(0, n, chunk)]
     parts = [draw(size) for size in sizes]
     probs = None if parts[0].probs is None else torch.cat([r.probs for r in parts])
-    return SampleResult(torch.cat([r.tokens for r in parts]), probs,
-                        merge_stats([r.stats for r in parts], sizes))
+    return SampleResult(torch.cat([r.tokens for r in parts]), probs, merge_stats([r.stats for r in parts]))
 
 
 def check_request(prompt: torch.Tensor, n: int, length: int) -> None:

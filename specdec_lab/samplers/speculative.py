@@ -23,8 +23,9 @@ import torch
 
 from specdec_lab.sampling import SamplingConfig, sample
 from specdec_lab.samplers.decoder import Decoder
-from specdec_lab.samplers.naive import CHUNK, SampleResult, check_request, in_chunks
+from specdec_lab.samplers.naive import CHUNK, SampleResult, check_request, in_chunks, speculative_rates
 from specdec_lab.samplers.rules import LEVIATHAN, Verifier
+from specdec_lab.theory import expected_tokens_per_pass  # noqa: F401  (re-exported for callers)
 
 
 @dataclass(frozen=True)
@@ -43,19 +44,6 @@ class SpeculativeConfig:
 
     def draw(self, pair, prompt, n, length, generator) -> SampleResult:
         return sample_speculative(pair, prompt, n, length, self, generator)
-
-
-def expected_tokens_per_pass(alpha: float, k: int) -> float:
-    """(1 − α^{K+1}) / (1 − α): mean tokens per target pass for i.i.d. acceptance α (Leviathan et al.).
-
-    >>> round(expected_tokens_per_pass(0.8, 4), 4)
-    3.3616
-    >>> expected_tokens_per_pass(1.0, 4)
-    5.0
-    """
-    if alpha >= 1.0:
-        return float(k + 1)
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
 def propose(draft: Decoder, first: torch.Tensor, keep_first: torch.Tensor | None, k: int,
@@ -153,8 +141,7 @@ def _speculative_batch(pair, prompt, n, length, config, generator) -> SampleResu
             if len(rows):
                 target.select(keep_rows)
                 draft.select(keep_rows)
-    alpha = accepted_total / max(1, evaluated_total)
-    stats = {"k": K, "acceptance": alpha, "tokens_per_target_pass": emitted_total / max(1, steps),
-             "theory_tokens_per_target_pass": expected_tokens_per_pass(alpha, K),
-             "target_passes": target.passes, "draft_passes": draft.passes, "chain_steps": steps}
-    return SampleResult(out[:, :length].cpu(), None, stats)
+    counts = {"k": K, "accepted_drafts": accepted_total, "evaluated_drafts": evaluated_total,
+              "emitted_tokens": emitted_total, "chain_steps": steps, "target_passes": target.passes,
+              "draft_passes": draft.passes}
+    return SampleResult(out[:, :length].cpu(), None, speculative_rates(counts))
