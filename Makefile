@@ -16,9 +16,11 @@ $(STAMP): requirements.txt pyproject.toml
 verify: $(STAMP)
 	$(BIN)/specdec-lab verify $(ARGS)
 
-# pytest exits 5 when it collected no tests; --strict-markers keeps typos loud.
+# Tests, doctests and (once notebooks/ has any) the notebooks under nbval.
+# pytest exits 5 when it collected no tests, so `make test` fails loudly if nothing ran.
+NOTEBOOKS := $(wildcard notebooks/*.ipynb)
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --strict-markers $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --strict-markers tests specdec_lab $(if $(NOTEBOOKS),--nbval $(NOTEBOOKS)) $(PYTEST_ARGS)
 
 train: $(STAMP)
 	$(BIN)/python -m specdec_lab.train --out data/models

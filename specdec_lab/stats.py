@@ -493,7 +493,8 @@ def tv_upper_bound(counts, p, *, confidence: float = 0.99, floor: float | None =
     confidence : float
         Coverage of the bound, e.g. 0.99.
     floor : float, optional
-        Kept set A = {i: p_i >= floor}; default ``1/m`` (cells expected at least once).
+        Kept set A = {i: p_i >= floor}; by default the floor c/m (c from 0.5 to 100) that minimises
+        the bound expected under H0, chosen from p and m alone.
 
     Returns
     -------
@@ -505,7 +506,8 @@ def tv_upper_bound(counts, p, *, confidence: float = 0.99, floor: float | None =
     Split TV over the kept set A and its complement T. On A, Cauchy–Schwarz gives
     Σ_A |q − p| <= √(p(A) · χ²_A) with χ²_A = Σ_A (q_i − p_i)² / p_i. Z/m (the ADK statistic over A)
     is unbiased for χ²_A, with Poissonised variance Σ_A [2 q_i²/p_i² + 4 m q_i (q_i − p_i)²/p_i²] / m²,
-    estimated by plugging in q̂ with the (q̂ − p)² term debiased. χ²_A is bounded by
+    estimated with q_i² and (q_i − p_i)² replaced by their unbiased estimates (and never below half
+    the null variance 2|A|/m²). χ²_A is bounded by
     Z/m + z · √Var̂, and TV by ½ √(p(A) χ²_A,up) + ½ (p(T) + q(T)_up), where q(T)_up is the
     Clopper–Pearson upper bound on the tail mass. The two one-sided bounds share 1 − confidence by
     Bonferroni. The multinomial variance is below the Poissonised one, which makes the χ² bound
@@ -532,22 +534,41 @@ def tv_upper_bound(counts, p, *, confidence: float = 0.99, floor: float | None =
     counts, p, m = _counts_and_law(counts, p)
     if not 0.5 < confidence < 1.0:
         raise ValueError(f"confidence must lie in (0.5, 1), got {confidence!r}")
-    floor = 1.0 / m if floor is None else floor
+    half = (1.0 - confidence) / 2.0
+    floor = _choose_floor(p, m, half) if floor is None else floor
     a = p >= floor
     tail = ~a & (p > 0)
-    half = (1.0 - confidence) / 2.0
     n_a, p_a = counts[a], p[a]
     q_hat = n_a / m
     z_over_m = float(_adk_statistic(n_a, p_a, m)) / m
-    d2 = np.maximum(0.0, (q_hat - p_a) ** 2 - q_hat / m)
-    var = float((2 * q_hat ** 2 / p_a ** 2 + 4 * m * q_hat * d2 / p_a ** 2).sum()) / m ** 2
+    q2 = np.maximum(0.0, q_hat ** 2 - q_hat / m)  # unbiased for q_i²
+    d2 = np.maximum(0.0, (q_hat - p_a) ** 2 - q_hat / m)  # ≈ unbiased for (q_i − p_i)²
+    var = float((2 * q2 / p_a ** 2 + 4 * m * q_hat * d2 / p_a ** 2).sum()) / m ** 2
+    var = max(var, 2.0 * a.sum() / m ** 2 * 0.5)  # never below half the null variance
     chi2_up = max(0.0, z_over_m + sps.norm.isf(half) * np.sqrt(var))
     tail_n = int(counts[tail].sum())
-    q_tail_up = 1.0 if tail_n == m else float(sps.beta.isf(half, tail_n + 1, m - tail_n))
+    q_tail_up = 0.0
+    if tail.any():
+        q_tail_up = 1.0 if tail_n == m else float(sps.beta.isf(half, tail_n + 1, m - tail_n))
     p_tail = float(p[tail].sum())
-    upper = 0.5 * np.sqrt(p_a.sum() * chi2_up) + 0.5 * (p_tail + q_tail_up) if tail.any() else \
-        0.5 * np.sqrt(p_a.sum() * chi2_up)
-    return TVBound(float(min(1.0, upper)), confidence, chi2_up, p_tail, q_tail_up if tail.any() else 0.0, m)
+    upper = 0.5 * np.sqrt(p_a.sum() * chi2_up) + (0.5 * (p_tail + q_tail_up) if tail.any() else 0.0)
+    return TVBound(float(min(1.0, upper)), confidence, chi2_up, p_tail, q_tail_up, m)
+
+
+def _choose_floor(p: np.ndarray, m: int, half: float) -> float:
+    """The floor minimising the bound expected under H0 — a function of p and m only, never of the
+    data, so choosing it costs no validity."""
+    z = sps.norm.isf(half)
+    best, best_floor = np.inf, 1.0 / m
+    for c in (0.5, 1, 2, 5, 10, 20, 50, 100):
+        floor = c / m
+        a = p >= floor
+        p_tail = float(p[~a].sum())
+        q_tail = float(sps.beta.isf(half, m * p_tail + 1, m - m * p_tail)) if p_tail > 0 else 0.0
+        expected = 0.5 * np.sqrt(p[a].sum() * z * np.sqrt(2 * a.sum()) / m) + 0.5 * (p_tail + q_tail)
+        if expected < best:
+            best, best_floor = expected, floor
+    return best_floor
 
 
 # ------------------------------------------------------------------------------------------ planning
