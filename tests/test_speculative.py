@@ -166,3 +166,19 @@ def test_bad_settings(pair, prompt):
         from specdec_lab.samplers.faulty import get
         get("nope")
     assert replace(SpeculativeConfig(), k=2).k == 2
+
+
+@pytest.mark.parametrize("name", ["leviathan", "bonus_wrong_position"])
+def test_positions_past_k_with_k4(pair, prompt, name):
+    """K=4 over L=6 tokens reaches the bonus token (position 5) and the next block: the correct rule
+    passes the suite there, and a bonus drawn from the wrong position is caught at K=4 too."""
+    verifier = FAULTY.get(name) or CORRECT["K=4 T=1"].verifier
+    config = SpeculativeConfig(k=4, verifier=verifier)
+    res = sample_speculative(pair, prompt, 12_000, 6, config, make_generator(21))
+    tokens = res.tokens.numpy()
+    suite = run_suite(name, tokens, score(pair, prompt, tokens, config.sampling, SETTINGS.min_prefix_count),
+                      SETTINGS, np.random.default_rng(21))
+    if verifier.lossless:
+        assert suite.verdict != "rejected", suite.verdict_text
+    else:
+        assert suite.verdict == "rejected", suite.verdict_text
