@@ -87,8 +87,8 @@ def collect(pair, sampler, prompts: list[str] | str, n: int, length: int, seed: 
     parts = _parts_dir(path)
     _open_parts(parts, meta)
     jobs = [(i, j) for i in range(len(prompts)) for j in range(-(-n // batch_size))]
-    bar = tqdm(total=n * len(prompts), desc=f"{sampler.describe().get('verifier', sampler.describe()['sampler'])}",
-               unit="samples", disable=not progress, leave=False)
+    label = meta["sampler"].get("verifier", meta["sampler"]["sampler"])
+    bar = tqdm(total=n * len(prompts), desc=label, unit="samples", disable=not progress, leave=False)
     for i, j in jobs:
         size = min(batch_size, n - j * batch_size)
         part = parts / f"p{i:03d}-b{j:05d}.parquet"

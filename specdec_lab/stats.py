@@ -544,7 +544,7 @@ def tv_upper_bound(counts, p, *, confidence: float = 0.99, floor: float | None =
     q2 = np.maximum(0.0, q_hat ** 2 - q_hat / m)  # unbiased for q_i²
     d2 = np.maximum(0.0, (q_hat - p_a) ** 2 - q_hat / m)  # ≈ unbiased for (q_i − p_i)²
     var = float((2 * q2 / p_a ** 2 + 4 * m * q_hat * d2 / p_a ** 2).sum()) / m ** 2
-    var = max(var, 2.0 * a.sum() / m ** 2 * 0.5)  # never below half the null variance
+    var = max(var, a.sum() / m ** 2)  # never below half the null variance 2|A|/m²
     chi2_up = max(0.0, z_over_m + sps.norm.isf(half) * np.sqrt(var))
     tail_n = int(counts[tail].sum())
     q_tail_up = 0.0

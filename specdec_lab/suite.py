@@ -84,8 +84,8 @@ def score(pair, prompt_ids: torch.Tensor, tokens: np.ndarray, sampling: Sampling
             out[name][start:start + n] = value.cpu().numpy()
         if first_law is None:
             first_law = p[0, 0].cpu().numpy()
-        for row in range(start, start + n):
-            for key in by_row.get(row, ()):
+        for row in (r for r in by_row if start <= r < start + n):
+            for key in by_row[row]:
                 prefix_laws[key] = p[row - start, key[0]].cpu().numpy()
     return Scores(out["p_x"], out["cdf_below"], out["entropy"], out["varentropy"], first_law, prefix_laws)
 

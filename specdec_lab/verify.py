@@ -110,16 +110,17 @@ def run_verify(pair, options: VerifyOptions) -> dict:
         suite = run_suite(name, tokens, scores, settings, rng)
         entries.append({"suite": suite, "lossless": lossless, "stats": samples.meta.get("stats"),
                         "exact_tv": exact_tv(pair, prompt_ids, sampler, scale.length)})
-        if name in ("naive", "faulty: residual_from_p", "faulty: always_accept") or index == 1:
+        if index == 0:  # the naive run is scored at the base settings: its first law is the target's
+            exact_first = scores.first_law
+        # figures: naive and the first speculative run beside the negative controls
+        if index < 2 or name in ("faulty: residual_from_p", "faulty: always_accept"):
             first_laws[name] = np.bincount(tokens[:, 0], minlength=pair.vocab_size) / len(tokens)
-        if index < 2 or not lossless and len(pits) < 8:
+        if index < 2 or (not lossless and len(pits) < 8):
             pits[name] = stats.randomized_pit(scores.cdf_below, scores.p_x, rng)
         if options.progress:
             print(f"  {name:<42} m={n:<7} {suite.verdict:<12} ({time.time() - started:.0f}s)", flush=True)
     summary = report.summary_table(entries)
     table = report.verdict_table(entries)
-    exact_first = score(pair, prompt_ids, np.zeros((1, 1), dtype=np.int64), SamplingConfig(
-        temperature=options.temperature, top_k=options.top_k)).first_law
     report.plot_tv_bounds(summary, scale.tolerance, folder / "tv_bounds.png")
     report.plot_first_token(first_laws, exact_first, folder / "first_token.png")
     report.plot_pit(pits, folder / "pit.png")
