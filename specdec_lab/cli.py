@@ -1,4 +1,4 @@
-"""``specdec-lab`` command line: ``verify`` (the main job) and ``collect``."""
+"""``specdec-lab`` command line: ``verify`` (the main job), ``collect`` and ``calibrate``."""
 
 from __future__ import annotations
 
@@ -75,6 +75,64 @@ def cmd_collect(args) -> int:
     return 0
 
 
+
+def _measured_alpha(path: Path) -> float:
+    from specdec_lab.collect import load_samples
+
+    meta = load_samples(path).meta
+    stats = meta.get("stats") or {}
+    if "acceptance" not in stats:
+        raise ValueError(f"{path} holds no measured acceptance (sampler {meta['sampler'].get('sampler')!r}); "
+                         "collect samples from a speculative sampler")
+    print(f"measured α = {stats['acceptance']:.4f} from {path} ({stats['accepted_drafts']:,} of "
+          f"{stats['evaluated_drafts']:,} draft tokens accepted at K = {stats['k']})")
+    return float(stats["acceptance"])
+
+
+def cmd_calibrate(args) -> int:
+    from specdec_lab import theory
+
+    if (args.alpha is None) == (args.samples is None):
+        raise ValueError("give exactly one of --alpha (a measured acceptance rate) and --samples (a parquet "
+                         "file from `specdec-lab collect`)")
+    models = (args.model, args.draft_model, args.hardware)
+    if any(models) and not all(models):
+        raise ValueError("--model, --draft-model and --hardware go together (c comes from their roofline)")
+    if (args.c is None) == (not any(models)):
+        raise ValueError("give either --c (draft/target cost ratio) or --model/--draft-model/--hardware, not "
+                         "both and not neither")
+    alpha = args.alpha if args.samples is None else _measured_alpha(args.samples)
+    if any(models):
+        target = theory.decode_roofline(args.model, args.hardware, args.batch, args.context)
+        draft = theory.decode_roofline(args.draft_model, args.hardware, args.batch, args.context)
+        c = draft.step_time_s / target.step_time_s
+        for name, r in (("target", target), ("draft", draft)):
+            print(f"{name} {r.model} on {r.hardware}, batch {r.batch}, context {r.context}: "
+                  f"{r.bytes_moved / 1e9:.3g} GB per step, {r.step_time_s * 1e3:.3g} ms ({r.bound}-bound), "
+                  f"≤ {r.tokens_per_s:,.1f} tokens/s")
+        print(f"c = draft step / target step = {c:.4g}")
+    else:
+        c = args.c
+    table = theory.speedup_table(alpha, c, args.k_max)
+    if any(models):
+        table["roofline speedup"] = [theory.roofline_speedup(alpha, int(k), args.model, args.draft_model,
+                                                             args.hardware, args.batch, args.context)
+                                     for k in table["K"]]
+    print(f"α = {alpha:.4g}, c = {c:.4g}\n")
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    best = table.loc[table["best"]].iloc[0]
+    if int(best["K"]) == 0:
+        print(f"\nbest K = 0: do not speculate — at α = {alpha:.3g} the draft costs more than it saves")
+    else:
+        print(f"\nbest K = {int(best['K'])}: {best['tokens/pass']:.3f} tokens per target pass, "
+              f"expected speedup {best['speedup']:.3f}×")
+    if args.plot is not None:
+        from specdec_lab.report import plot_speedup
+
+        plot_speedup(table, args.plot, title=f"Expected speedup at α = {alpha:.3g}, c = {c:.3g}")
+        print(f"figure: {args.plot}")
+    return 0
+
 def main(argv: list[str] | None = None) -> int:
     from specdec_lab.verify import DEFAULT_PROMPT, SCALES
 
@@ -111,6 +169,19 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--prompt", default=DEFAULT_PROMPT)
     c.add_argument("--out", type=Path, required=True)
     c.set_defaults(func=cmd_collect)
+
+    k = sub.add_parser("calibrate", help="speedup over K from a measured acceptance rate, and the best K")
+    k.add_argument("--alpha", type=float, help="per-token acceptance rate α")
+    k.add_argument("--samples", type=Path, help="a speculative sample file; its measured α is used")
+    k.add_argument("--c", type=float, help="cost of a draft pass relative to a target pass")
+    k.add_argument("--model", help="target preset or HF id, with --draft-model/--hardware: c from the roofline")
+    k.add_argument("--draft-model", help="draft preset or HF id")
+    k.add_argument("--hardware", help="accelerator, e.g. h100-sxm5")
+    k.add_argument("--batch", type=int, default=1, help="sequences decoded together (roofline)")
+    k.add_argument("--context", type=int, default=0, help="tokens in each KV cache (roofline)")
+    k.add_argument("--k-max", type=int, default=10, help="largest K in the table")
+    k.add_argument("--plot", type=Path, help="write a seaborn figure of the speedup curve here")
+    k.set_defaults(func=cmd_calibrate)
 
     args = parser.parse_args(argv)
     try:
