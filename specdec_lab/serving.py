@@ -226,7 +226,7 @@ def parse_vllm_command(command: str) -> ServingConfig:
 
 LEGACY_WARNING = ("these --speculative-model / --num-speculative-tokens flags were removed from vLLM in "
                   "2025 (vllm-project/vllm#15466); current releases reject them — use vllm_command "
-                  "(--speculative-config JSON) unless you run a pre-2025 vLLM")
+                  "(--speculative-config JSON) unless your vLLM predates their removal")
 
 
 def vllm_legacy_command(config: ServingConfig) -> str:
