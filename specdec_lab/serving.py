@@ -21,6 +21,7 @@ vllm serve meta-llama/Llama-3.3-70B-Instruct --tensor-parallel-size 4 --gpu-memo
 >>> fit = check_memory(seed, "h100-sxm5")
 >>> print(fit.sentence)
 fits: per GPU 35.28 GB target weights (141.11 GB / TP 4) + 2.47 GB draft (TP 1) + 0.94 GB KV cache (1 sequence × 8,192 tokens) = 38.69 GB of the 72.00 GB allowed (0.9 × 80 GB); 33.31 GB spare, room for 36 sequences of 8,192 tokens.
+>>> from dataclasses import replace
 >>> print(check_memory(replace(seed, tensor_parallel=2), "h100-sxm5").sentence)
 DOES NOT FIT: per GPU 70.55 GB target weights (141.11 GB / TP 2) + 2.47 GB draft (TP 1) + 1.61 GB KV cache (1 sequence × 8,192 tokens) = 74.64 GB > 72.00 GB allowed (0.9 × 80 GB), short by 2.64 GB; the weights alone exceed it: raise the tensor parallel size, quantize, or use larger GPUs.
 
@@ -48,7 +49,7 @@ import json
 import math
 import shlex
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from specdec_lab.theory import Hardware, ModelSpec, get_hardware, get_model
 
