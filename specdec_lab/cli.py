@@ -1,4 +1,4 @@
-"""``specdec-lab`` command line: ``verify`` (the main job), ``collect`` and ``calibrate``."""
+"""``specdec-lab`` command line: ``verify`` (the main job), ``collect``, ``calibrate`` and ``audit``."""
 
 from __future__ import annotations
 
@@ -182,6 +182,10 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--k-max", type=int, default=10, help="largest K in the table")
     k.add_argument("--plot", type=Path, help="write a seaborn figure of the speedup curve here")
     k.set_defaults(func=cmd_calibrate)
+
+    from specdec_lab.audit import add_audit_parser
+
+    add_audit_parser(sub)  # specdec-lab audit hf|endpoint
 
     args = parser.parse_args(argv)
     try:

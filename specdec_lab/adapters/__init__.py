@@ -1,0 +1,19 @@
+"""Adapters that wrap implementations we did not write, so the same harness audits them.
+
+Each adapter is a *sampler* in the sense of :func:`specdec_lab.collect.collect`: an object with
+``describe() -> dict`` (recorded in the sample file's metadata) and
+``draw(pair, prompt_ids, n, length, generator) -> SampleResult``, plus a ``sampling`` attribute
+(the :class:`~specdec_lab.sampling.SamplingConfig` it asks the implementation for), which is the
+target law p the audit scores it against unless told otherwise.
+
+- :mod:`~specdec_lab.adapters.hf` — Hugging Face ``model.generate`` (assisted generation with a
+  draft model, prompt-lookup decoding, plain sampling), batch 1 as upstream requires.
+- :mod:`~specdec_lab.adapters.endpoint` — any OpenAI-compatible ``/v1/completions`` server.
+- :mod:`~specdec_lab.adapters.llamacpp` — convert the bundled target to GGUF and run a real
+  llama.cpp server (``llama-cpp-python[server]``) on loopback, for the tests, CI and notebooks.
+
+:func:`specdec_lab.audit.audit` runs collect → score → suite → table over any of them.
+"""
+
+from specdec_lab.adapters.endpoint import LLAMA_CPP_NEUTRAL, EndpointClient, EndpointConfig  # noqa: F401
+from specdec_lab.adapters.hf import HFGenerateConfig  # noqa: F401

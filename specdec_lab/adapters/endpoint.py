@@ -1,0 +1,261 @@
+"""An OpenAI-compatible ``/v1/completions`` server as a sampler (vLLM, TensorRT-LLM, llama.cpp, ...).
+
+The server holds the model; the audit holds a local copy of the same target and scores the
+server's samples under the exact law p (:mod:`specdec_lab.audit`). Each request asks for
+``max_tokens = L`` new tokens after the prompt text with the temperature / top-p (/ top-k) of the
+:class:`~specdec_lab.sampling.SamplingConfig`, ``n`` choices, a ``seed`` drawn from the collection's
+generator (distinct within a batch), ``logprobs`` when asked, and any ``extra`` fields — e.g.
+:data:`LLAMA_CPP_NEUTRAL`, which switches llama.cpp's own sampler defaults (top-k 40, min-p 0.05,
+repeat penalty 1.1) to neutral values; without it the audit (correctly) rejects the server.
+
+Mapping completions back to token ids (the tokens must be the ones the server sampled):
+
+1. the per-token pieces in ``logprobs.tokens`` — ``token_id:123`` entries (vLLM's
+   ``return_tokens_as_token_ids``) are taken as ids; text pieces are looked up in the local
+   vocabulary and used when every piece names exactly one token and they join to the text;
+2. otherwise the completion text itself, accepted only when it splits into exactly L vocabulary
+   tokens in exactly **one** way (counted by dynamic programming over the text).
+
+Anything else — fewer than L tokens (an end-of-text token was sampled), an ambiguous or
+unmappable text — is **refused**, counted in the stats (``refused_samples``) and replaced by a
+new request. Refusals condition the law, so the audit table reports their number; with the bundled
+byte-level tokenizer and plain-text output they do not occur.
+
+Transport: stdlib ``urllib``, a timeout per request, retries with exponential backoff on
+connection errors, timeouts, HTTP 429 and 5xx, and at most ``max_rate`` requests per second.
+Other HTTP errors (a bad parameter) fail at once with the server's message. Resuming is
+:func:`specdec_lab.collect.collect`'s: finished batches are kept on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+import torch
+from tqdm.auto import tqdm
+
+from specdec_lab.sampling import SamplingConfig
+from specdec_lab.samplers.naive import SampleResult, check_request
+
+# llama.cpp's sampler chain applies these unless told otherwise (llama-cpp-python server defaults:
+# top_k 40, min_p 0.05, repeat_penalty 1.1); the neutral values leave the model's law untouched.
+LLAMA_CPP_NEUTRAL = (("top_k", 0), ("min_p", 0.0), ("typical_p", 1.0), ("repeat_penalty", 1.0),
+                     ("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("mirostat_mode", 0))
+RETRY_STATUS = (429, 500, 502, 503, 504)
+SEED_RANGE = 2**32 - 1  # llama.cpp seeds are uint32; 0xFFFFFFFF means "random" there
+
+
+class EndpointError(RuntimeError):
+    """The server failed or answered something the audit cannot use."""
+
+
+@dataclass(frozen=True)
+class EndpointConfig:
+    """Settings of one endpoint audit.
+
+    base_url: e.g. ``http://127.0.0.1:8080`` (``/v1/completions`` is appended); not recorded in the
+        sample file's metadata, so a restarted server on another port resumes the same collection.
+    model: the ``model`` field of each request.
+    sampling: temperature / top-k / top-p sent to the server (and, by default, the law scored).
+    extra: further request fields as (name, value) pairs, e.g. :data:`LLAMA_CPP_NEUTRAL`.
+    n_per_request: OpenAI's ``n`` (choices per request); some servers ignore it (counted).
+    logprobs: ask for this many logprobs per token (the per-token pieces map text to ids); None: don't.
+    server: a label for reports, e.g. "llama-cpp-python 0.3.36 (prompt lookup)".
+    timeout, retries, backoff: seconds per request, retries after the first try, first backoff
+        (doubling each retry).
+    max_rate: at most this many requests per second.
+    """
+
+    base_url: str
+    model: str
+    sampling: SamplingConfig = SamplingConfig()
+    extra: tuple = ()
+    n_per_request: int = 1
+    logprobs: int | None = 1
+    server: str | None = None
+    timeout: float = 30.0
+    retries: int = 5
+    backoff: float = 0.5
+    max_rate: float = 200.0
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url must start with http:// or https://, got {self.base_url!r}")
+        if self.n_per_request < 1 or self.retries < 0 or self.timeout <= 0 or self.max_rate <= 0:
+            raise ValueError("need n_per_request >= 1, retries >= 0, timeout > 0 and max_rate > 0")
+        if self.sampling.greedy:
+            raise ValueError("temperature 0 is a deterministic law; audit a sampling temperature > 0")
+
+    def describe(self) -> dict:
+        return {"sampler": "endpoint", "model": self.model, "server": self.server,
+                "n_per_request": self.n_per_request, "logprobs": self.logprobs,
+                "extra": {k: v for k, v in self.extra}, **self.sampling.describe()}
+
+    def draw(self, pair, prompt, n, length, generator) -> SampleResult:
+        return sample_endpoint(pair, prompt, n, length, self, generator)
+
+    def request_body(self, prompt_text: str, length: int, seed: int) -> dict:
+        """The JSON body of one completion request.
+
+        >>> body = EndpointConfig("http://localhost:1", "m", extra=(("min_p", 0.0),)).request_body("Hi", 3, 7)
+        >>> body["max_tokens"], body["seed"], body["temperature"], body["top_p"], body["min_p"]
+        (3, 7, 1.0, 1.0, 0.0)
+        """
+        s = self.sampling
+        body = {"model": self.model, "prompt": prompt_text, "max_tokens": length, "temperature": s.temperature,
+                "top_p": s.top_p, "n": self.n_per_request, "seed": seed, "stream": False}
+        if self.logprobs is not None:
+            body["logprobs"] = self.logprobs
+        body.update(dict(self.extra))
+        if s.top_k is not None:
+            body["top_k"] = s.top_k
+        return body
+
+
+class EndpointClient:
+    """POSTs JSON with a timeout, retries with exponential backoff and a bounded request rate."""
+
+    def __init__(self, config: EndpointConfig) -> None:
+        self.config, self.requests, self.retried, self._last = config, 0, 0, 0.0
+
+    def post(self, route: str, body: dict) -> dict:
+        c = self.config
+        url = c.base_url.rstrip("/") + route
+        data = json.dumps(body).encode()
+        for attempt in range(c.retries + 1):
+            self._wait_for_rate()
+            try:
+                request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+                with urllib.request.urlopen(request, timeout=c.timeout) as response:
+                    self.requests += 1
+                    return json.loads(response.read())
+            except urllib.error.HTTPError as exc:
+                detail = exc.read().decode(errors="replace")[:500]
+                if exc.code not in RETRY_STATUS or attempt == c.retries:
+                    raise EndpointError(f"{url} answered HTTP {exc.code}: {detail}") from exc
+            except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+                if attempt == c.retries:
+                    raise EndpointError(f"{url} unreachable after {c.retries + 1} tries: {exc}") from exc
+            self.retried += 1
+            time.sleep(c.backoff * 2**attempt)
+        raise AssertionError("unreachable")
+
+    def get(self, route: str) -> dict:
+        url = self.config.base_url.rstrip("/") + route
+        with urllib.request.urlopen(url, timeout=self.config.timeout) as response:
+            return json.loads(response.read())
+
+    def _wait_for_rate(self) -> None:
+        gap = 1.0 / self.config.max_rate - (time.monotonic() - self._last)
+        if gap > 0:
+            time.sleep(gap)
+        self._last = time.monotonic()
+
+
+class TokenMap:
+    """Completion text → local token ids, refusing anything that is not unambiguous."""
+
+    def __init__(self, tokenizer, vocab_size: int) -> None:
+        self.by_text: dict[str, list[int]] = {}
+        for i in range(vocab_size):
+            text = tokenizer.decode([i])
+            if text and "\ufffd" not in text:  # pieces of a multi-byte character cannot be matched as text
+                self.by_text.setdefault(text, []).append(i)
+        self.longest = max(map(len, self.by_text))
+
+    def from_pieces(self, pieces: list[str], text: str) -> list[int] | None:
+        """Ids from per-token pieces, or None when a piece is not exactly one token."""
+        if all(p.startswith("token_id:") for p in pieces):
+            return [int(p.removeprefix("token_id:")) for p in pieces]
+        if "".join(pieces) != text:
+            return None
+        ids = [self.by_text.get(p, []) for p in pieces]
+        return [c[0] for c in ids] if all(len(c) == 1 for c in ids) else None
+
+    def from_text(self, text: str, length: int) -> list[int] | None:
+        """The one way ``text`` splits into ``length`` vocabulary tokens, or None (none, or several).
+
+        >>> from specdec_lab.models import load_pair
+        >>> tm = TokenMap(load_pair("bundled").tokenizer, 512)
+        >>> tm.from_text("a", 1) is not None, tm.from_text("a", 2)
+        (True, None)
+        """
+        # ways[i][t] = (number of splits of text[i:] into t tokens, capped at 2; one such split)
+        T = len(text)
+        ways = [[(0, None)] * (length + 1) for _ in range(T + 1)]
+        ways[T][0] = (1, [])
+        for i in range(T - 1, -1, -1):
+            for j in range(i + 1, min(T, i + self.longest) + 1):
+                for token in self.by_text.get(text[i:j], []):
+                    for t in range(1, length + 1):
+                        count, split = ways[j][t - 1]
+                        if count:
+                            total = min(2, ways[i][t][0] + count)
+                            ways[i][t] = (total, ways[i][t][1] or [token] + split)
+        count, split = ways[0][length]
+        return split if count == 1 else None
+
+
+def sample_endpoint(pair, prompt: torch.Tensor, n: int, length: int, config: EndpointConfig,
+                    generator: torch.Generator) -> SampleResult:
+    """Draw ``n`` completions of exactly ``length`` tokens from the server, refusing unmappable ones."""
+    check_request(prompt, n, length)
+    text = pair.decode(prompt.tolist())
+    if pair.encode(text).tolist() != prompt.tolist():
+        raise ValueError("the prompt ids do not survive decode → encode; give the prompt as text")
+    client, token_map = EndpointClient(config), TokenMap(pair.tokenizer, pair.vocab_size)
+    rows, counts = [], {"requests": 0, "refused_samples": 0, "stopped_early": 0, "missing_choices": 0}
+    bar = tqdm(total=n, desc=f"endpoint {config.model}", unit="samples", leave=False, disable=not config.progress)
+    while len(rows) < n:
+        for seed in distinct_seeds(generator, -(-(n - len(rows)) // config.n_per_request)):
+            reply = client.post("/v1/completions", config.request_body(text, length, seed))
+            check_prompt_length(reply, len(prompt))
+            choices = reply.get("choices") or []
+            counts["missing_choices"] += config.n_per_request - len(choices)
+            for choice in choices:
+                stopped = choice.get("finish_reason") not in (None, "length")  # an end-of-text token
+                ids = None if stopped else choice_tokens(choice, token_map, length)
+                if ids is None or len(ids) != length:
+                    counts["refused_samples"] += 1
+                    counts["stopped_early"] += int(stopped)
+                elif len(rows) < n:
+                    rows.append(ids)
+                    bar.update(1)
+    bar.close()
+    counts.update(requests=client.requests, retries=client.retried)
+    return SampleResult(torch.tensor(rows, dtype=torch.long), None, counts)
+
+
+def distinct_seeds(generator: torch.Generator, count: int) -> list[int]:
+    """``count`` distinct request seeds drawn from ``generator``."""
+    seeds: list[int] = []
+    while len(seeds) < count:
+        draw = torch.randint(0, SEED_RANGE, (count,), generator=generator, device=generator.device).tolist()
+        seeds = list(dict.fromkeys(seeds + draw))[:count]
+    return seeds
+
+
+def check_prompt_length(reply: dict, expected: int) -> None:
+    """Refuse a server that tokenized the prompt differently (e.g. added a BOS token)."""
+    used = (reply.get("usage") or {}).get("prompt_tokens")
+    if used is not None and used != expected:
+        raise EndpointError(f"the server read the prompt as {used} tokens, the local tokenizer as {expected}: "
+                            "the two do not see the same prompt (an added BOS token?), so p would differ")
+
+
+def choice_tokens(choice: dict, token_map: TokenMap, length: int) -> list[int] | None:
+    """Token ids of one choice (see the module docstring), or None."""
+    if choice.get("token_ids") is not None:  # servers that return ids directly
+        return [int(t) for t in choice["token_ids"]]
+    pieces = (choice.get("logprobs") or {}).get("tokens")
+    text = choice.get("text", "")
+    if pieces:
+        ids = token_map.from_pieces(list(pieces), text)
+        if ids is not None:
+            return ids
+    return token_map.from_text(text, length)

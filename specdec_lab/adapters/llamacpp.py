@@ -1,0 +1,242 @@
+"""A real llama.cpp server on loopback serving the bundled target: convert, start, stop.
+
+Used by the endpoint tests' fixture, by ``.ci/run`` and by ``specdec-lab audit endpoint
+--serve-bundled``, so all three run the same thing:
+
+1. :func:`fetch_converter` takes llama.cpp's HF → GGUF converter (``convert_hf_to_gguf.py`` with its
+   ``conversion/`` and ``gguf-py/`` packages) out of the pinned ``llama-cpp-python`` source
+   distribution (``pip download``; done once by ``make``, kept under ``.venv/share``).
+2. :func:`convert_to_gguf` converts ``data/models/target`` to an f32 GGUF (seconds). The converter
+   identifies a BPE pre-tokenizer by hashing the token ids of a test string; our tokenizer, trained
+   by :mod:`specdec_lab.train`, is not in its table, so it stops with "BPE pre-tokenizer was not
+   recognized". Our tokenizer's pre-tokenizer *is* GPT-2's (``ByteLevel`` with the GPT-2 regex,
+   no prefix space, no normaliser), so the conversion wraps ``get_vocab_base_pre`` to answer
+   ``"gpt-2"`` for exactly that configuration — and refuses any other. The tests check the
+   result: llama.cpp's tokenization and greedy tokens equal ours.
+3. :func:`start_server` runs ``python -m llama_cpp.server`` with a config file serving two model
+   aliases from the one GGUF: ``target`` (plain sampling) and ``target-lookup`` (llama-cpp-python's
+   only speculative option, ``draft_model=prompt-lookup-decoding``, K tokens per pass), on a free
+   loopback port, and waits until ``/v1/models`` answers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from specdec_lab.models import BUNDLED_DIR
+
+VERSION = "0.3.36"  # llama-cpp-python, pinned in requirements-audit.txt
+ALIASES = {"target": "plain sampling", "target-lookup": "prompt-lookup speculative decoding"}
+LOOKUP_TOKENS = 4  # draft_model_num_pred_tokens of the speculative alias (K), like verify's K = 4
+ENV_URL = "SPECDEC_LAB_LLAMA_SERVER"  # set by .ci/run: a running server the tests use instead of their own
+
+
+def server_label(alias: str) -> str:
+    return f"llama-cpp-python {VERSION} ({ALIASES[alias]})"
+
+
+def converter_dir() -> Path:
+    """Where the converter lives: ``$SPECDEC_LAB_LLAMA_CONVERTER`` or ``<venv>/share/specdec-lab/...``."""
+    default = Path(sys.prefix) / "share" / "specdec-lab" / f"llama.cpp-convert-{VERSION}"
+    return Path(os.environ.get("SPECDEC_LAB_LLAMA_CONVERTER", default))
+
+
+def fetch_converter(dest: Path | None = None) -> Path:
+    """Extract the converter from the pinned llama-cpp-python sdist (downloaded with pip)."""
+    dest = dest or converter_dir()
+    if (dest / "convert_hf_to_gguf.py").exists():
+        return dest
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+                        f"llama-cpp-python=={VERSION}", "-d", tmp], check=True)
+        sdist = next(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
+        prefix = f"llama_cpp_python-{VERSION}/vendor/llama.cpp/"
+        wanted = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/", "LICENSE")
+        staging = Path(tmp) / "out"
+        with tarfile.open(sdist) as tar:
+            members = [m for m in tar.getmembers() if m.name.startswith(prefix)
+                       and m.name[len(prefix):].startswith(wanted) and (m.isfile() or m.isdir())]
+            for m in members:
+                m.name = m.name[len(prefix):]
+            tar.extractall(staging, members=members, filter="data")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(staging, dest)
+    return dest
+
+
+def _is_gpt2_pretokenizer(model_dir: Path) -> bool:
+    """True when tokenizer.json pre-tokenizes exactly like GPT-2 (ByteLevel + GPT-2 regex, no normaliser)."""
+    tok = json.loads((model_dir / "tokenizer.json").read_text())
+    pre = tok.get("pre_tokenizer") or {}
+    return (tok.get("normalizer") is None and tok["model"]["type"] == "BPE" and pre.get("type") == "ByteLevel"
+            and pre.get("use_regex", True) and not pre.get("add_prefix_space", False))
+
+
+def _run_converter(converter: Path, model_dir: Path, out: Path) -> None:
+    """In a child process: run llama.cpp's converter, answering "gpt-2" for an unlisted GPT-2-style
+    pre-tokenizer (see the module docstring)."""
+    import runpy
+
+    sys.path[:0] = [str(converter), str(converter / "gguf-py")]
+    import conversion.base as base  # llama.cpp's converter package
+
+    original = base.TextModel.get_vocab_base_pre
+
+    def get_vocab_base_pre(self, tokenizer) -> str:
+        try:
+            return original(self, tokenizer)
+        except NotImplementedError:
+            if not _is_gpt2_pretokenizer(model_dir):
+                raise
+            print("specdec-lab: pre-tokenizer hash not in llama.cpp's table; tokenizer.json is ByteLevel "
+                  "with the GPT-2 regex, so tokenizer.ggml.pre = 'gpt-2'", file=sys.stderr)
+            return "gpt-2"
+
+    base.TextModel.get_vocab_base_pre = get_vocab_base_pre
+    sys.argv = ["convert_hf_to_gguf.py", str(model_dir), "--outfile", str(out), "--outtype", "f32"]
+    runpy.run_path(str(converter / "convert_hf_to_gguf.py"), run_name="__main__")
+
+
+def convert_to_gguf(out: Path, model_dir: Path = BUNDLED_DIR / "target", converter: Path | None = None) -> Path:
+    """Convert an HF model directory to an f32 GGUF file ``out``; raise with the converter's output."""
+    converter = converter or converter_dir()
+    if not (converter / "convert_hf_to_gguf.py").exists():
+        raise FileNotFoundError(f"llama.cpp's converter is not at {converter}; run "
+                                "`python -m specdec_lab.adapters.llamacpp fetch-converter` (make does it)")
+    done = subprocess.run([sys.executable, "-m", "specdec_lab.adapters.llamacpp", "convert", str(model_dir),
+                           str(out), "--converter", str(converter)], capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if done.returncode != 0 or not out.exists():
+        raise RuntimeError(f"GGUF conversion failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class LlamaServer:
+    """A running llama-cpp-python server; ``stop()`` ends it (and only it)."""
+
+    process: subprocess.Popen | None
+    base_url: str
+    log: Path | None = None
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log.read_text(errors="replace")[-chars:] if self.log and self.log.exists() else ""
+
+
+def server_config(gguf: Path, port: int, threads: int = 1, lookup_tokens: int = LOOKUP_TOKENS) -> dict:
+    """llama-cpp-python config file: one GGUF served as ``target`` and ``target-lookup``."""
+    common = {"model": str(gguf), "n_ctx": 512, "n_batch": 512, "n_threads": threads, "n_threads_batch": threads,
+              "logits_all": True, "verbose": False, "cache": False,
+              "type_k": 0, "type_v": 0}  # f32 KV cache: llama.cpp's default f16 cache moves logits by ~3.5e-3
+    return {"host": "127.0.0.1", "port": port, "interrupt_requests": False,
+            "models": [{**common, "model_alias": "target"},
+                       {**common, "model_alias": "target-lookup", "draft_model": "prompt-lookup-decoding",
+                        "draft_model_num_pred_tokens": lookup_tokens}]}
+
+
+def start_server(gguf: Path, workdir: Path, port: int | None = None, threads: int = 1,
+                 startup_timeout: float = 120.0) -> LlamaServer:
+    """Start ``python -m llama_cpp.server`` on loopback and wait until it answers."""
+    port = port or free_port()
+    config = workdir / "llama-server.json"
+    config.write_text(json.dumps(server_config(gguf, port, threads)))
+    log = workdir / "llama-server.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--config_file", str(config)],
+                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                   env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+    server = LlamaServer(process, f"http://127.0.0.1:{port}", log)
+    deadline = time.monotonic() + startup_timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"llama.cpp server exited with {process.returncode}:\n{server.log_tail()}")
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(server.base_url + "/v1/models", timeout=2) as response:
+                if response.status == 200:
+                    return server
+        time.sleep(0.2)
+    server.stop()
+    raise RuntimeError(f"llama.cpp server did not answer within {startup_timeout:.0f} s:\n{server.log_tail()}")
+
+
+@contextlib.contextmanager
+def bundled_server(threads: int = 1):
+    """Convert the bundled target into a temporary folder, serve it, yield the server, stop it."""
+    with tempfile.TemporaryDirectory(prefix="specdec-llama-") as tmp:
+        gguf = convert_to_gguf(Path(tmp) / "target-f32.gguf")
+        server = start_server(gguf, Path(tmp), threads=threads)
+        try:
+            yield server
+        finally:
+            server.stop()
+
+
+def _serve(url_file: Path | None, threads: int) -> int:
+    """Serve until SIGTERM/SIGINT; write the base URL to ``url_file`` once it answers."""
+    stop = {"now": False}
+
+    def handler(*_):
+        stop["now"] = True
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    with bundled_server(threads) as server:
+        if url_file:
+            url_file.write_text(server.base_url)
+        print(f"serving the bundled target at {server.base_url} (models: {', '.join(ALIASES)})", flush=True)
+        while not stop["now"] and server.process.poll() is None:
+            time.sleep(0.5)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m specdec_lab.adapters.llamacpp")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("fetch-converter", help="extract llama.cpp's HF → GGUF converter from the pinned sdist")
+    c = sub.add_parser("convert", help="convert an HF model directory to an f32 GGUF")
+    c.add_argument("model_dir", type=Path)
+    c.add_argument("out", type=Path)
+    c.add_argument("--converter", type=Path, default=None)
+    s = sub.add_parser("serve", help="serve the bundled target on loopback until SIGTERM")
+    s.add_argument("--url-file", type=Path, default=None, help="write the server's base URL here")
+    s.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    if args.command == "fetch-converter":
+        print(fetch_converter())
+        return 0
+    if args.command == "convert":
+        _run_converter(args.converter or converter_dir(), args.model_dir, args.out)
+        return 0
+    return _serve(args.url_file, args.threads)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

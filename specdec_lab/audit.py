@@ -1,0 +1,278 @@
+"""Audit an implementation we did not write: collect → score against the exact p → suite → table.
+
+Any sampler with ``describe()``/``draw()`` works (see :mod:`specdec_lab.adapters`): Hugging Face
+``generate`` with an assistant model or prompt lookup, an OpenAI-compatible server, or our own
+samplers as a reference. The samples go through :func:`specdec_lab.collect.collect` (resumable
+parquet with the implementation's settings and version in the metadata), are scored under the
+exact target law p at ``scored_at`` (by default the settings the implementation was asked for),
+and judged by the same suite as :mod:`specdec_lab.verify`: **equivalent** (not rejected and TV
+upper bound ≤ ε), **rejected**, or **inconclusive**.
+
+A negative control runs through the same path: ask the implementation for one setting and score
+it at another (e.g. HF at T = 0.7 scored at T = 1); it must come out rejected, which shows the
+audit can see a wrong law through that adapter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from specdec_lab.collect import SampleSet, collect
+from specdec_lab.sampling import SamplingConfig
+from specdec_lab.suite import SuiteResult, SuiteSettings, run_suite, score
+
+DEFAULT_PROMPT = "ROMEO:\n"
+EXPECTED = ("lossless", "negative control")
+
+
+def settings_label(sampling: SamplingConfig) -> str:
+    """Short text for a sampling configuration.
+
+    >>> settings_label(SamplingConfig(temperature=0.7, top_p=0.9))
+    'T=0.7 top-p=0.9'
+    """
+    parts = [f"T={sampling.temperature:g}"]
+    if sampling.top_k is not None:
+        parts.append(f"top-k={sampling.top_k}")
+    if sampling.top_p < 1.0:
+        parts.append(f"top-p={sampling.top_p:g}")
+    return " ".join(parts)
+
+
+def implementation_label(described: dict) -> str:
+    """Name of the implementation from a sampler's ``describe()``."""
+    if described.get("sampler") == "hf_generate":
+        k = f" K={described['k']}" if "k" in described else ""
+        return f"HF transformers {described['transformers_version']} {described['mode']}{k}"
+    if described.get("sampler") == "endpoint":
+        server = described.get("server") or "OpenAI-compatible server"
+        return f"{server} `{described['model']}`"
+    return described.get("verifier", described.get("sampler", "sampler"))
+
+
+@dataclass
+class AuditResult:
+    """One audited setting: the suite's verdict, the samples and what they were scored against."""
+
+    name: str
+    expected: str
+    suite: SuiteResult
+    samples: SampleSet
+    scored_at: SamplingConfig
+    seconds: float
+    notes: dict = field(default_factory=dict)
+
+    def summary(self) -> dict:
+        """One table row: implementation × settings → verdict, TV bound, samples."""
+        described = self.samples.meta["sampler"]
+        asked = SamplingConfig(temperature=described["temperature"], top_k=described["top_k"],
+                               top_p=described["top_p"])
+        settings = settings_label(asked)
+        if settings_label(self.scored_at) != settings:
+            settings += f", scored at {settings_label(self.scored_at)}"
+        stats = self.samples.meta.get("stats") or {}
+        per_pass = stats["emitted_tokens"] / stats["target_passes"] if stats.get("target_passes") else np.nan
+        s = self.suite
+        return {"implementation": self.name, "settings": settings, "expected": self.expected,
+                "L": self.samples.meta["length"], "m": s.m, "TV plug-in": s.tv_plugin,
+                "TV upper 99%": s.tv_bound.upper, "KL (MM)": s.kl, "Holm p": s.global_pvalue,
+                "tokens/pass": per_pass, "refused": stats.get("refused_samples", 0),
+                "verdict": s.verdict, "correct call": correct_call(s.verdict, self.expected),
+                "in words": s.verdict_text, "seconds": round(self.seconds, 1)}
+
+    def tests(self) -> pd.DataFrame:
+        """Every test's statistic and p-value."""
+        return pd.DataFrame(self.suite.rows())
+
+
+def correct_call(verdict: str, expected: str) -> bool:
+    """A lossless implementation must be equivalent; a negative control must be rejected."""
+    return verdict == ("equivalent" if expected == "lossless" else "rejected")
+
+
+def audit(pair, sampler, n: int, length: int, path: str | Path, *, prompt: str = DEFAULT_PROMPT,
+          seed: int = 0, scored_at: SamplingConfig | None = None, name: str | None = None,
+          expected: str = "lossless", settings: SuiteSettings = SuiteSettings(), batch_size: int = 500,
+          progress: bool = True) -> AuditResult:
+    """Collect ``n`` samples of ``length`` tokens from ``sampler`` and judge them against p.
+
+    Parameters
+    ----------
+    pair : ModelPair
+        The local copy of the target (and draft): the exact law p comes from ``pair.target``.
+    sampler : object with ``describe()``, ``draw()`` and ``sampling``
+        An adapter from :mod:`specdec_lab.adapters` (or any of our samplers).
+    n, length : int
+        Samples and new tokens per sample.
+    path : path
+        Parquet file of the samples; an interrupted collection resumes, a finished one is reloaded.
+    scored_at : SamplingConfig, optional
+        The target law to test against; default ``sampler.sampling``.
+    expected : {"lossless", "negative control"}
+        What a correct call is; recorded in the summary's "correct call" column.
+    batch_size : int
+        Samples per resumable part file (500 ≈ 15 s of HF generate here).
+
+    Returns
+    -------
+    AuditResult
+        ``.summary()`` is one table row; ``.suite`` holds every test.
+    """
+    if expected not in EXPECTED:
+        raise ValueError(f"unknown expectation {expected!r}; valid: {', '.join(EXPECTED)}")
+    started = time.time()
+    samples = collect(pair, sampler, prompt, n, length, seed, path, batch_size=batch_size, progress=progress)
+    tokens = samples.tokens()  # (n, L)
+    scored_at = scored_at or sampler.sampling
+    name = name or implementation_label(samples.meta["sampler"])
+    scores = score(pair, pair.encode(prompt), tokens, scored_at, settings.min_prefix_count)
+    suite = run_suite(name, tokens, scores, settings, np.random.default_rng(seed))
+    return AuditResult(name, expected, suite, samples, scored_at, time.time() - started)
+
+
+@dataclass(frozen=True)
+class AuditCase:
+    """One row of an audit table: a sampler, what it is scored at, and what a correct call is."""
+
+    sampler: object
+    scored_at: SamplingConfig | None = None
+    expected: str = "lossless"
+    prompt: str = DEFAULT_PROMPT
+    name: str | None = None
+
+
+def run_audits(pair, cases: list[AuditCase], n: int, length: int, out: str | Path, *, seed: int = 0,
+               settings: SuiteSettings = SuiteSettings(), progress: bool = True) -> pd.DataFrame:
+    """Audit every case (samples under ``out/``) and return the summary table, one row per case.
+
+    The notebook-sized entry point: one call, one DataFrame (``.attrs["results"]`` keeps the
+    :class:`AuditResult` objects for plots and per-test tables).
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for index, case in enumerate(cases):
+        results.append(audit(pair, case.sampler, n, length, out / f"{index:02d}.parquet", prompt=case.prompt,
+                             seed=seed + index, scored_at=case.scored_at, name=case.name,
+                             expected=case.expected, settings=settings, progress=progress))
+    table = audit_table(results)
+    table.attrs["results"] = results
+    return table
+
+
+def audit_table(results: list[AuditResult]) -> pd.DataFrame:
+    """Summary rows of several audits as a DataFrame."""
+    return pd.DataFrame([r.summary() for r in results])
+
+
+# ---------------------------------------------------------------- command line: specdec-lab audit
+
+
+def add_audit_parser(sub) -> None:
+    """Add ``specdec-lab audit hf|endpoint`` to the CLI's subparsers."""
+    from specdec_lab.adapters.hf import MODES, SCHEDULES
+
+    audit_parser = sub.add_parser("audit", help="audit an implementation we did not write (HF generate, a server)")
+    kinds = audit_parser.add_subparsers(dest="kind", required=True)
+    hf = kinds.add_parser("hf", help="Hugging Face generate: assisted generation, prompt lookup or plain")
+    hf.add_argument("--mode", default="assisted", choices=list(MODES))
+    hf.add_argument("--k", type=int, default=4, help="num_assistant_tokens / prompt_lookup_num_tokens")
+    hf.add_argument("--schedule", default="constant", choices=list(SCHEDULES))
+    hf.add_argument("--confidence-threshold", type=float, default=0.4,
+                    help="HF's assistant_confidence_threshold (its default 0.4)")
+    _pair_and_common_args(hf, samples=3000, length=2)
+    hf.set_defaults(func=cmd_audit)
+
+    ep = kinds.add_parser("endpoint", help="an OpenAI-compatible /v1/completions server")
+    ep.add_argument("--base-url", help="e.g. http://127.0.0.1:8080 (omit with --serve-bundled)")
+    ep.add_argument("--model", help="the request's model field (default with --serve-bundled: target)")
+    ep.add_argument("--serve-bundled", action="store_true",
+                    help="convert the bundled target to GGUF and serve it with llama-cpp-python for this run")
+    ep.add_argument("--llama-cpp-neutral", action="store_true",
+                    help="send top_k=0, min_p=0, repeat_penalty=1, ... (llama.cpp's own defaults are not neutral; "
+                         "on by default with --serve-bundled)")
+    ep.add_argument("--extra", default="{}", help="further request fields as JSON, e.g. '{\"top_k\": 0}'")
+    ep.add_argument("--n-per-request", type=int, default=1, help="OpenAI's n")
+    ep.add_argument("--logprobs", type=int, default=1, help="logprobs per token (-1: don't ask)")
+    ep.add_argument("--server-label", default=None, help="name of the server in the table")
+    ep.add_argument("--timeout", type=float, default=30.0)
+    ep.add_argument("--retries", type=int, default=5)
+    ep.add_argument("--max-rate", type=float, default=200.0, help="requests per second at most")
+    _pair_and_common_args(ep, samples=3000, length=2)
+    ep.set_defaults(func=cmd_audit)
+
+
+def _pair_and_common_args(parser, samples: int, length: int) -> None:
+    parser.add_argument("--target", help="Hugging Face id or local path of the target (default: bundled)")
+    parser.add_argument("--draft", help="Hugging Face id or local path of the draft (default: bundled)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--trust-remote-code", action="store_true", help="allow model code from the hub")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=None)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--scored-temperature", type=float, default=None,
+                        help="score at this temperature instead (a negative control: must be rejected)")
+    parser.add_argument("--samples", type=int, default=samples)
+    parser.add_argument("--length", type=int, default=length)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--prompt", default=DEFAULT_PROMPT)
+    parser.add_argument("--tolerance", type=float, default=0.02, help="ε of the equivalence verdict")
+    parser.add_argument("--out", type=Path, default=None, help="sample file (default reports/audit/<name>.parquet)")
+    parser.add_argument("--quiet", action="store_true")
+
+
+def _sampler_from_args(args, sampling: SamplingConfig):
+    from specdec_lab.adapters.endpoint import LLAMA_CPP_NEUTRAL, EndpointConfig
+    from specdec_lab.adapters.hf import HFGenerateConfig
+
+    if args.kind == "hf":
+        return HFGenerateConfig(mode=args.mode, sampling=sampling, k=args.k, schedule=args.schedule,
+                                confidence_threshold=args.confidence_threshold, progress=not args.quiet)
+    extra = dict(LLAMA_CPP_NEUTRAL) if (args.llama_cpp_neutral or args.serve_bundled) else {}
+    extra.update(json.loads(args.extra))
+    return EndpointConfig(args.base_url, args.model, sampling, extra=tuple(sorted(extra.items())),
+                          n_per_request=args.n_per_request, logprobs=None if args.logprobs < 0 else args.logprobs,
+                          server=args.server_label, timeout=args.timeout, retries=args.retries,
+                          max_rate=args.max_rate, progress=not args.quiet)
+
+
+def cmd_audit(args) -> int:
+    """Run one audit from the command line; exit 0 when the verdict is the expected one."""
+    from specdec_lab.adapters import llamacpp
+    from specdec_lab.cli import _load
+
+    sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    scored_at = None if args.scored_temperature is None else \
+        SamplingConfig(temperature=args.scored_temperature, top_k=args.top_k, top_p=args.top_p)
+    expected = "lossless" if scored_at is None else "negative control"
+    with contextlib.ExitStack() as stack:
+        if args.kind == "endpoint":
+            if args.serve_bundled:
+                server = stack.enter_context(llamacpp.bundled_server())
+                args.base_url, args.model = server.base_url, args.model or "target"
+                args.server_label = args.server_label or llamacpp.server_label(args.model)
+            if not args.base_url or not args.model:
+                raise ValueError("give --base-url and --model, or --serve-bundled")
+        sampler = _sampler_from_args(args, sampling)
+        out = args.out or Path("reports") / "audit" / f"{args.kind}-{time.strftime('%Y%m%d-%H%M%S')}.parquet"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        pair = _load(args)
+        result = audit(pair, sampler, args.samples, args.length, out, prompt=args.prompt, seed=args.seed,
+                       scored_at=scored_at, expected=expected, settings=SuiteSettings(tolerance=args.tolerance),
+                       progress=not args.quiet)
+    row = result.summary()
+    columns = ["implementation", "settings", "L", "m", "TV plug-in", "TV upper 99%", "Holm p", "tokens/pass",
+               "refused", "verdict"]
+    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 70):
+        print(result.tests()[["test", "statistic", "pvalue"]].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+        print()
+        print(pd.DataFrame([row])[columns].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(f"\n{row['implementation']}: {row['in words']}\nsamples: {out}")
+    return 0 if row["correct call"] else 1
