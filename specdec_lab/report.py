@@ -4,13 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import seaborn as sns  # noqa: E402
+from specdec_lab import plots
 
 
 def verdict_table(entries: list[dict]) -> pd.DataFrame:
@@ -56,47 +53,17 @@ def to_markdown(frame: pd.DataFrame, floatfmt: str = ".4g") -> str:
 
 
 def plot_tv_bounds(summary: pd.DataFrame, tolerance: float, path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(8, 0.45 * len(summary) + 1.5))
-    sns.barplot(data=summary, y="sampler", x="TV upper 99%", hue="expected", dodge=False, ax=ax)
-    ax.axvline(tolerance, color="black", linestyle="--", label=f"ε = {tolerance:g}")
-    ax.set_xscale("log")
-    ax.set_title("Upper 99% confidence bound on TV(sampler, target), first token")
-    ax.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    plots.save(plots.tv_bounds(summary, tolerance), path)
 
 
 def plot_first_token(laws: dict[str, np.ndarray], exact: np.ndarray, path: Path, top: int = 25) -> None:
     """Empirical first-token frequencies of several samplers next to the exact target law."""
-    order = np.argsort(exact)[::-1][:top]
-    rows = [{"token rank": r, "probability": exact[i], "source": "exact target p"} for r, i in enumerate(order)]
-    for name, freq in laws.items():
-        rows += [{"token rank": r, "probability": freq[i], "source": name} for r, i in enumerate(order)]
-    fig, ax = plt.subplots(figsize=(10, 4))
-    sns.lineplot(data=pd.DataFrame(rows), x="token rank", y="probability", hue="source", marker="o", ax=ax)
-    ax.set_title(f"First-token law: {top} most likely target tokens")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    plots.save(plots.first_token(laws, exact, top), path)
 
 
 def plot_pit(pits: dict[str, np.ndarray], path: Path, bins: int = 20) -> None:
     """Randomized PIT histograms: flat for a lossless sampler."""
-    cols = min(4, len(pits))
-    rows = -(-len(pits) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.4 * rows), squeeze=False, sharey=True)
-    for ax, (name, u) in zip(axes.flat, pits.items()):
-        sns.histplot(x=np.asarray(u).ravel(), bins=bins, stat="density", ax=ax)
-        ax.axhline(1.0, color="black", linestyle="--")
-        ax.set_title(name, fontsize=8)
-        ax.set_xlabel("u")
-    for ax in list(axes.flat)[len(pits):]:
-        ax.set_visible(False)
-    fig.suptitle("Randomized PIT of every sampled token under the exact target law (flat = lossless)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    plots.save(plots.pit(pits, bins), path, dpi=100)
 
 
 def plot_speedup(table: pd.DataFrame, path: Path | str | None = None, title: str = ""):

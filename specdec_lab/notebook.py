@@ -1,0 +1,382 @@
+"""What the teaching notebooks call: the scale knob, the device, and each experiment they run.
+
+Notebook cells hold prose, maths and calls into the library, never loops of their own (Medusa's
+explanatory notebook drifted from its library); so every experiment a notebook shows lives here
+as a function with a test.
+
+The scale knob: ``SPECDEC_LAB_SCALE=ci`` (the default, what nbval runs: each notebook in about a
+minute on 2 CPU cores) or ``full`` (``make notebooks``: the sample sizes a claim deserves).
+
+>>> scale("ci").name, scale("full").samples > scale("ci").samples
+('ci', True)
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from scipy import stats as sps
+
+from specdec_lab import exact, report, stats
+from specdec_lab.collect import collect
+from specdec_lab.sampling import SamplingConfig, make_generator, to_probs
+from specdec_lab.samplers.naive import NaiveConfig, sample_naive
+from specdec_lab.samplers.speculative import SpeculativeConfig, sample_speculative
+from specdec_lab.suite import Scores, SuiteResult, SuiteSettings, run_suite, score
+
+SCALE_ENV = "SPECDEC_LAB_SCALE"
+
+
+@dataclass(frozen=True)
+class Scale:
+    """Sample sizes of the notebooks' experiments at one scale."""
+
+    name: str
+    samples: int  # per lossless sampler in a distributional check
+    control_samples: int  # per negative control: its effects are large (TV >= 0.05)
+    length: int  # new tokens per sample
+    replicates: int  # independent replicate runs for the p-value uniformity meta-test
+    replicate_samples: int  # samples per replicate
+    power_reps: int  # simulated test runs per sample size on a power curve
+    chains: int  # sampled continuations per prompt that supply real prefixes for exact checks
+
+
+SCALES = {
+    "ci": Scale("ci", samples=8_000, control_samples=3_000, length=3, replicates=40,
+                replicate_samples=1_000, power_reps=200, chains=16),
+    "full": Scale("full", samples=80_000, control_samples=10_000, length=3, replicates=200,
+                  replicate_samples=4_000, power_reps=1_000, chains=64),
+}
+
+
+def scale(name: str | None = None) -> Scale:
+    """The scale named ``name``, else ``$SPECDEC_LAB_SCALE``, else ``"ci"``.
+
+    >>> scale("nope")
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown scale 'nope' (from SPECDEC_LAB_SCALE or the argument); valid scales: ci, full
+    """
+    chosen = name if name is not None else os.environ.get(SCALE_ENV, "ci")
+    if chosen not in SCALES:
+        raise ValueError(f"unknown scale {chosen!r} (from {SCALE_ENV} or the argument); "
+                         f"valid scales: {', '.join(SCALES)}")
+    return SCALES[chosen]
+
+
+def default_device() -> str:
+    """``"cuda"`` when a CUDA device is visible, else ``"cpu"``: the one place notebooks pick it."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def setup(name: str | None = None) -> Scale:
+    """Start a notebook: seaborn's theme, fixed pandas display, and the scale in force."""
+    import seaborn as sns
+
+    sns.set_theme(context="notebook", style="whitegrid")
+    pd.set_option("display.precision", 4)
+    pd.set_option("display.max_colwidth", 80)
+    return scale(name)
+
+
+def work_dir(prefix: str = "specdec-lab-") -> Path:
+    """A fresh temporary folder for sample files (nothing is written into the repository)."""
+    return Path(tempfile.mkdtemp(prefix=prefix))
+
+
+# ------------------------------------------------------------------------------ exact laws (notebook 02)
+
+
+def first_token_law(pair, prompt_ids: torch.Tensor, sampling: SamplingConfig = SamplingConfig()) -> np.ndarray:
+    """The exact target law p(· | prompt) after ``sampling``, as a float64 array (V,)."""
+    target_logits, _ = exact.model_logits_at(pair, prompt_ids)(torch.zeros(1, 0, dtype=torch.long))
+    return to_probs(target_logits[0], sampling).numpy()
+
+
+def first_token_logits(pair, prompt_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target and draft logits (V,) each, in float64, for the token right after the prompt."""
+    target_logits, draft_logits = exact.model_logits_at(pair, prompt_ids)(torch.zeros(1, 0, dtype=torch.long))
+    return target_logits[0], draft_logits[0]
+
+
+def first_token_rule_law(pair, prompt_ids: torch.Tensor, config: SpeculativeConfig) -> np.ndarray:
+    """The exact law (V,) of the first token a speculative sampler emits after the prompt."""
+    target_logits, draft_logits = first_token_logits(pair, prompt_ids)
+    return exact.step_law(target_logits, draft_logits, config.sampling, config.verifier).numpy()
+
+
+def real_logits(pair, prompts: list[str], chains: int, positions: int = 12, seed: int = 0):
+    """Target and draft logits at real prefixes: ``chains`` sampled continuations of each prompt,
+    read at each of ``positions`` new tokens. Returns two float64 tensors (len(prompts)·chains·positions, V)."""
+    target, draft = [], []
+    for i, text in enumerate(prompts):
+        ids = pair.encode(text)
+        cont = sample_naive(pair, ids, chains, positions, NaiveConfig(), make_generator(seed + i, pair.device)).tokens
+        seqs = torch.cat([ids.expand(chains, -1), cont], dim=1).to(pair.device)  # (chains, P + positions)
+        with torch.no_grad():
+            for model, out in ((pair.target, target), (pair.draft, draft)):
+                logits = model(input_ids=seqs).logits[:, -positions:, : pair.vocab_size]
+                out.append(logits.reshape(-1, pair.vocab_size).double().cpu())
+    return torch.cat(target), torch.cat(draft)
+
+
+def cached_logits_at(pair, context: torch.Tensor) -> exact.LogitsAt:
+    """:func:`specdec_lab.exact.model_logits_at`, remembering each answer: many rules' exact laws
+    over the same prefixes then cost one set of forwards."""
+    compute = exact.model_logits_at(pair, context)
+    memo = {}
+
+    def logits_at(prefixes: torch.Tensor):
+        key = (tuple(prefixes.shape), prefixes.numpy().tobytes())
+        if key not in memo:
+            memo[key] = compute(prefixes)
+        return memo[key]
+
+    return logits_at
+
+
+def exact_rule_table(pair, prompt_ids: torch.Tensor, runs: list[tuple[str, object, bool]],
+                     length: int = 2) -> pd.DataFrame:
+    """Exact TV and max |law − p| over the first ``length`` tokens for every speculative run.
+
+    ``runs`` are ``(name, SpeculativeConfig, lossless)`` as from
+    :func:`specdec_lab.verify.samplers_to_run`; other samplers are skipped.
+    """
+    logits_at = cached_logits_at(pair, prompt_ids)
+    rows = []
+    for name, sampler, lossless in runs:
+        if not isinstance(sampler, SpeculativeConfig):
+            continue
+        law = exact.sequence_law(logits_at, pair.vocab_size, sampler.k, length, sampler.sampling,
+                                 sampler.verifier)
+        rows.append({"rule": name, "lossless": lossless, "k": sampler.k, **sampler.sampling.describe(),
+                     "exact TV": law.tv, "max |law - p|": law.max_abs_error,
+                     "bug": sampler.verifier.description if not lossless else ""})
+    return pd.DataFrame(rows)
+
+
+@dataclass(frozen=True)
+class SeedPaths:
+    """Naive and speculative chains drawn with the same seed, and how often they coincide."""
+
+    naive: np.ndarray  # (N, L)
+    speculative: np.ndarray  # (N, L)
+    identical_chains: float  # fraction of chains equal token for token
+    agreement_by_position: np.ndarray  # (L,) fraction equal at each position
+
+
+def same_seed_paths(pair, prompt_ids: torch.Tensor, n: int, length: int, seed: int,
+                    config: SpeculativeConfig = SpeculativeConfig()) -> SeedPaths:
+    """Draw ``n`` chains from p directly and by speculative sampling, both from ``make_generator(seed)``."""
+    naive = sample_naive(pair, prompt_ids, n, length, NaiveConfig(config.sampling),
+                         make_generator(seed, pair.device)).tokens.numpy()
+    spec = sample_speculative(pair, prompt_ids, n, length, config, make_generator(seed, pair.device)).tokens.numpy()
+    equal = naive == spec
+    return SeedPaths(naive, spec, float(equal.all(axis=1).mean()), equal.mean(axis=0))
+
+
+def greedy_batch_effect(pair, prompt_ids: torch.Tensor, length: int, batch_sizes=(1, 8, 64, 256)) -> pd.DataFrame:
+    """Greedy decoding of one prompt, alone and copied across bigger batches.
+
+    For each batch size B: do all B greedy chains equal the batch-1 chain; the largest difference
+    between the batch-B and batch-1 logits along that chain (teacher-forced, one forward); and the
+    smallest gap between the top two logits on the chain (a flip needs a gap below the noise).
+    """
+    greedy = NaiveConfig(SamplingConfig(temperature=0.0))
+    reference = sample_naive(pair, prompt_ids, 1, length, greedy, make_generator(0, pair.device)).tokens[0]
+    sequence = torch.cat([prompt_ids, reference]).to(pair.device)  # (P + L,)
+    P = prompt_ids.numel()
+
+    @torch.no_grad()
+    def logits_in_batch(B: int) -> torch.Tensor:
+        out = pair.target(input_ids=sequence.expand(B, -1)).logits[:, P - 1:-1, : pair.vocab_size]
+        return out.double().cpu()  # (B, L, V)
+
+    alone = logits_in_batch(1)[0]  # (L, V)
+    top2 = torch.topk(alone, 2, dim=-1).values
+    gap = float((top2[:, 0] - top2[:, 1]).min())
+    rows = []
+    for B in batch_sizes:
+        tokens = sample_naive(pair, prompt_ids, B, length, greedy, make_generator(0, pair.device)).tokens
+        rows.append({"batch size": B, "chains equal to batch-1 chain": float((tokens == reference).all(dim=1).float().mean()),
+                     "max |logit difference|": float((logits_in_batch(B) - alone).abs().max()),
+                     "smallest top-2 logit gap": gap})
+    return pd.DataFrame(rows)
+
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def greedy_precision_effect(pair, prompt_ids: torch.Tensor, length: int,
+                            dtypes=("float32", "bfloat16")) -> pd.DataFrame:
+    """Greedy decoding of one prompt with the target's weights and activations in each dtype.
+
+    The first dtype is the reference. For each: the first position (1-based) where its greedy
+    chain leaves the reference chain (None if never) and the share of positions that agree.
+    """
+    unknown = [d for d in dtypes if d not in DTYPES]
+    if unknown:
+        raise ValueError(f"unknown dtype(s) {unknown}; valid dtypes: {', '.join(DTYPES)}")
+    greedy = NaiveConfig(SamplingConfig(temperature=0.0))
+    chains = []
+    for name in dtypes:
+        cast = replace(pair, target=copy.deepcopy(pair.target).to(DTYPES[name]))
+        chains.append((name, sample_naive(cast, prompt_ids, 1, length, greedy, make_generator(0, pair.device)).tokens[0]))
+    reference = chains[0][1]
+    rows = []
+    for name, chain in chains:
+        differs = (chain != reference).nonzero()
+        rows.append({"dtype": name,
+                     "first differing position": int(differs[0, 0]) + 1 if len(differs) else None,
+                     "positions agreeing": float((chain == reference).float().mean()),
+                     "text": pair.decode(chain.tolist())})
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------- sampling + the suite (notebook 03)
+
+
+@dataclass
+class Check:
+    """One sampler's samples and every test of :func:`specdec_lab.suite.run_suite` on them."""
+
+    name: str
+    lossless: bool
+    tokens: np.ndarray  # (N, L)
+    scores: Scores
+    suite: SuiteResult
+    pit: np.ndarray  # (N, L) randomized PIT values
+    stats: dict  # sampler statistics (acceptance, tokens per pass) where the sampler has them
+    exact_tv: float = float("nan")
+
+    @property
+    def first_counts(self) -> np.ndarray:
+        return np.bincount(self.tokens[:, 0], minlength=len(self.scores.first_law))
+
+    def entry(self) -> dict:
+        """The form :func:`specdec_lab.report.summary_table` reads."""
+        return {"suite": self.suite, "lossless": self.lossless, "stats": self.stats, "exact_tv": self.exact_tv}
+
+
+def check_sampler(pair, name: str, sampler, lossless: bool, prompt: str, n: int, length: int, seed: int,
+                  settings: SuiteSettings = SuiteSettings(), folder: Path | None = None,
+                  exact_tv: float = float("nan")) -> Check:
+    """Collect ``n`` samples into a parquet file, score them under the exact p, run the suite."""
+    folder = work_dir() if folder is None else Path(folder)
+    samples = collect(pair, sampler, prompt, n, length, seed, folder / f"{_slug(name)}-{seed}.parquet",
+                      progress=False)
+    tokens = samples.tokens()
+    scores = score(pair, pair.encode(prompt), tokens, sampler.sampling, settings.min_prefix_count)
+    rng = np.random.default_rng(seed)
+    suite = run_suite(name, tokens, scores, settings, rng)
+    pit = stats.randomized_pit(scores.cdf_below, scores.p_x, rng)
+    return Check(name, lossless, tokens, scores, suite, pit, samples.meta.get("stats") or {}, exact_tv)
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in name).strip("-").lower()
+
+
+def summary(checks: list[Check]) -> pd.DataFrame:
+    """One row per sampler (:func:`specdec_lab.report.summary_table`)."""
+    return report.summary_table([c.entry() for c in checks])
+
+
+def suite_table(check: Check) -> pd.DataFrame:
+    """Every test of one check: statistic and p-value."""
+    return pd.DataFrame([{"test": name, "statistic": r.statistic, "p-value": r.pvalue}
+                         for name, r in check.suite.tests.items()])
+
+
+def conditional_table(pair, check: Check, rng_seed: int = 0) -> pd.DataFrame:
+    """Per-prefix conditional G tests: one row per prefix visited often enough to be tested alone.
+
+    Position t (1-based) is tested conditionally on the t − 1 tokens before it, against the exact
+    p(· | prompt, prefix): the sequence test decomposes into these (see :func:`stats.conditional_tests`).
+    """
+    rng = np.random.default_rng(rng_seed)
+    rows = []
+    for (t, prefix), law in sorted(check.scores.prefix_laws.items()):
+        visited = (check.tokens[:, :t] == np.asarray(prefix)).all(axis=1)
+        counts = np.bincount(check.tokens[visited, t], minlength=len(law))
+        res = stats.chisquare_identity(counts, law, statistic="g", rng=rng)
+        rows.append({"position": t + 1, "prefix": pair.decode(prefix), "visits": int(visited.sum()),
+                     "G": res.statistic, "df": res.df, "p-value": res.pvalue, "tail p-value": res.tail_pvalue,
+                     "TV plug-in": stats.tv_plugin(counts, law)})
+    return pd.DataFrame(rows, columns=["position", "prefix", "visits", "G", "df", "p-value", "tail p-value",
+                                       "TV plug-in"])
+
+
+def tv_bound_path(counts_in_order: np.ndarray, p: np.ndarray, sizes, confidence: float = 0.99) -> pd.DataFrame:
+    """TV plug-in and upper bound on the first ``m`` samples, for each m in ``sizes``.
+
+    ``counts_in_order`` are the sampled first tokens (N,) in collection order.
+    """
+    rows = []
+    for m in sizes:
+        counts = np.bincount(counts_in_order[:m], minlength=len(p))
+        bound = stats.tv_upper_bound(counts, p, confidence=confidence)
+        rows.append({"m": int(m), "TV plug-in": stats.tv_plugin(counts, p), "TV upper": bound.upper})
+    return pd.DataFrame(rows)
+
+
+# ------------------------------------------------------------------------ power and calibration (notebook 05)
+
+
+def binned(p: np.ndarray, q: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """p and q on the bins the chi-square test uses at sample size m (tail merged by ascending p)."""
+    keep, tail = stats.merge_tail(p, m)
+    if not tail.any():
+        return p[keep], q[keep]
+    return np.append(p[keep], p[tail].sum()), np.append(q[keep], q[tail].sum())
+
+
+def power_curve(name: str, p: np.ndarray, q: np.ndarray, sizes, *, alpha: float = 0.01, reps: int = 200,
+                rng: np.random.Generator) -> pd.DataFrame:
+    """Rejection rate of the Pearson identity test of p when samples come from q, against theory.
+
+    For each m: ``simulated`` (share of ``reps`` multinomial samples from q rejected at level α,
+    with its standard error), ``noncentral χ²`` (the power predicted with the noncentrality
+    λ = m Σ (q_b − p_b)² / p_b of this q on the test's bins) and ``planner (worst case)``
+    (:func:`stats.power_chisquare` at the binned TV: what the planner promises any q at that TV).
+    """
+    rows = []
+    for m in sizes:
+        p_b, q_b = binned(p, q, m)
+        df = len(p_b) - 1
+        lam = m * float(((q_b - p_b) ** 2 / p_b).sum())
+        predicted = float(sps.ncx2.sf(sps.chi2.isf(alpha, df), df, lam))
+        tv_bins = 0.5 * float(np.abs(q_b - p_b).sum())
+        draws = rng.multinomial(m, q, size=reps)
+        rejected = np.mean([stats.chisquare_identity(c, p, rng=rng).pvalue < alpha for c in draws])
+        rows.append({"alternative": name, "m": int(m), "bins": len(p_b), "TV on bins": tv_bins,
+                     "simulated": float(rejected), "se": float(np.sqrt(max(rejected * (1 - rejected), 1e-4) / reps)),
+                     "noncentral χ²": predicted,
+                     "planner (worst case)": stats.power_chisquare(int(m), tv_bins, len(p_b), alpha)})
+    return pd.DataFrame(rows)
+
+
+def replicate_pvalues(pair, sampler, prompt_ids: torch.Tensor, replicates: int, m: int, seed: int) -> np.ndarray:
+    """Pearson p-values of ``replicates`` independent first-token samples of size ``m``.
+
+    One batched run of ``replicates · m`` independent chains, split into groups: chains are
+    independent, so the groups are independent replicates. p is the exact first-token law at the
+    sampler's settings. Under a correct sampler the p-values are close to Uniform(0, 1).
+    """
+    result = sampler.draw(pair, prompt_ids, replicates * m, 1, make_generator(seed, pair.device))
+    groups = result.tokens[:, 0].numpy().reshape(replicates, m)
+    p = first_token_law(pair, prompt_ids, sampler.sampling)
+    rng = np.random.default_rng(seed)
+    return np.array([stats.chisquare_identity(np.bincount(g, minlength=len(p)), p, rng=rng).pvalue for g in groups])
+
+
+def with_settings(sampler: SpeculativeConfig, **sampling) -> SpeculativeConfig:
+    """``sampler`` with some sampling settings changed (e.g. ``temperature=0.7``)."""
+    return replace(sampler, sampling=replace(sampler.sampling, **sampling))
