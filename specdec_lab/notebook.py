@@ -27,9 +27,11 @@ from scipy import stats as sps
 from specdec_lab import exact, report, stats
 from specdec_lab.collect import collect
 from specdec_lab.sampling import SamplingConfig, make_generator, to_probs
+from specdec_lab.samplers.faulty import FAULTY
 from specdec_lab.samplers.naive import NaiveConfig, sample_naive
 from specdec_lab.samplers.speculative import SpeculativeConfig, sample_speculative
 from specdec_lab.suite import Scores, SuiteResult, SuiteSettings, run_suite, score
+from specdec_lab.verify import VerifyOptions, samplers_to_run
 
 SCALE_ENV = "SPECDEC_LAB_SCALE"
 
@@ -112,6 +114,17 @@ def first_token_rule_law(pair, prompt_ids: torch.Tensor, config: SpeculativeConf
     return exact.step_law(target_logits, draft_logits, config.sampling, config.verifier).numpy()
 
 
+PROMPTS = ["ROMEO:\n", "KING.\nWhat", "First Citizen:\nBefore we proceed", "O"]  # real contexts
+
+SETTINGS = {  # sampling settings the exact-law check covers
+    "T=1": SamplingConfig(),
+    "T=0.7": SamplingConfig(temperature=0.7),
+    "top-k=20": SamplingConfig(top_k=20),
+    "top-p=0.9": SamplingConfig(top_p=0.9),
+    "T=1.3 top-k=50 top-p=0.95": SamplingConfig(temperature=1.3, top_k=50, top_p=0.95),
+}
+
+
 def real_logits(pair, prompts: list[str], chains: int, positions: int = 12, seed: int = 0):
     """Target and draft logits at real prefixes: ``chains`` sampled continuations of each prompt,
     read at each of ``positions`` new tokens. Returns two float64 tensors (len(prompts)·chains·positions, V)."""
@@ -140,6 +153,22 @@ def cached_logits_at(pair, context: torch.Tensor) -> exact.LogitsAt:
         return memo[key]
 
     return logits_at
+
+
+def law_errors(target_logits: torch.Tensor, draft_logits: torch.Tensor, settings: dict, verifiers) -> pd.DataFrame:
+    """For each rule and sampling setting: max |law − p| of one step over all prefixes (n, V),
+    with the mean TV(q, p) and mean acceptance Σ min(p, q) there (how different the draft is)."""
+    rows = []
+    for verifier in verifiers:
+        for label, config in settings.items():
+            p = to_probs(target_logits, config)
+            law = exact.step_law(target_logits, draft_logits, config, verifier)  # (n, V)
+            q = verifier.draft_law(draft_logits, config).q_sample
+            rows.append({"rule": verifier.name, "settings": label, "prefixes": len(p),
+                         "max |law - p|": float((law - p).abs().max()),
+                         "mean TV(q, p)": float(exact.tv(q, p).mean()),
+                         "mean acceptance": float(torch.minimum(p, q).sum(-1).mean())})
+    return pd.DataFrame(rows)
 
 
 def exact_rule_table(pair, prompt_ids: torch.Tensor, runs: list[tuple[str, object, bool]],
@@ -180,6 +209,37 @@ def same_seed_paths(pair, prompt_ids: torch.Tensor, n: int, length: int, seed: i
     spec = sample_speculative(pair, prompt_ids, n, length, config, make_generator(seed, pair.device)).tokens.numpy()
     equal = naive == spec
     return SeedPaths(naive, spec, float(equal.all(axis=1).mean()), equal.mean(axis=0))
+
+
+def paths_table(pair, paths: SeedPaths, rows: int = 5) -> pd.DataFrame:
+    """The first ``rows`` chains of both samplers, decoded, side by side."""
+    return pd.DataFrame({"naive": [pair.decode(t) for t in paths.naive[:rows].tolist()],
+                         "speculative": [pair.decode(t) for t in paths.speculative[:rows].tolist()],
+                         "identical": (paths.naive[:rows] == paths.speculative[:rows]).all(axis=1)})
+
+
+def paths_tests(paths: SeedPaths, p: np.ndarray, seed: int = 0) -> pd.DataFrame:
+    """Both samplers' first tokens tested against the exact p: different samples, one law."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for name, tokens in (("naive", paths.naive), ("speculative", paths.speculative)):
+        counts = np.bincount(tokens[:, 0], minlength=len(p))
+        res = stats.chisquare_identity(counts, p, rng=rng)
+        rows.append({"sampler": name, "m": int(counts.sum()), "Pearson X²": res.statistic, "df": res.df,
+                     "p-value": res.pvalue, "tail p-value": res.tail_pvalue, "TV plug-in": stats.tv_plugin(counts, p)})
+    return pd.DataFrame(rows)
+
+
+def greedy_speculative_vs_naive(pair, prompt_ids: torch.Tensor, length: int, k: int = 4) -> pd.DataFrame:
+    """Greedy (temperature 0) speculative decoding against greedy plain decoding, token for token."""
+    greedy = SamplingConfig(temperature=0.0)
+    naive = sample_naive(pair, prompt_ids, 1, length, NaiveConfig(greedy), make_generator(0, pair.device)).tokens[0]
+    spec = sample_speculative(pair, prompt_ids, 1, length, SpeculativeConfig(k=k, sampling=greedy),
+                              make_generator(1, pair.device))
+    return pd.DataFrame([{"k": k, "length": length, "identical": bool((naive == spec.tokens[0]).all()),
+                          "acceptance": spec.stats["acceptance"],
+                          "tokens per target pass": spec.stats["tokens_per_target_pass"],
+                          "text": pair.decode(naive.tolist())}])
 
 
 def greedy_batch_effect(pair, prompt_ids: torch.Tensor, length: int, batch_sizes=(1, 8, 64, 256)) -> pd.DataFrame:
@@ -259,6 +319,10 @@ class Check:
     @property
     def first_counts(self) -> np.ndarray:
         return np.bincount(self.tokens[:, 0], minlength=len(self.scores.first_law))
+
+    @property
+    def first_freq(self) -> np.ndarray:
+        return self.first_counts / len(self.tokens)
 
     def entry(self) -> dict:
         """The form :func:`specdec_lab.report.summary_table` reads."""
@@ -380,3 +444,52 @@ def replicate_pvalues(pair, sampler, prompt_ids: torch.Tensor, replicates: int, 
 def with_settings(sampler: SpeculativeConfig, **sampling) -> SpeculativeConfig:
     """``sampler`` with some sampling settings changed (e.g. ``temperature=0.7``)."""
     return replace(sampler, sampling=replace(sampler.sampling, **sampling))
+
+
+def sample_sizes(start: int, stop: int, factor: float = 2.0) -> list[int]:
+    """Geometric grid start, start·factor, ... up to and including ``stop``.
+
+    >>> sample_sizes(500, 4000)
+    [500, 1000, 2000, 4000]
+    """
+    sizes = [int(start)]
+    while sizes[-1] * factor < stop:
+        sizes.append(int(round(sizes[-1] * factor)))
+    return sizes + ([int(stop)] if sizes[-1] != stop else [])
+
+
+def faulty_table() -> pd.DataFrame:
+    """Every negative control: the bug, the shipped bug it reproduces, the settings where it shows."""
+    return pd.DataFrame([{"name": v.name, "bug": v.description, "shipped as": v.anchor, "needs": v.needs or {}}
+                         for v in FAULTY.values()])
+
+
+def run_controls(pair, prompt: str, n: int, length: int, seed: int, settings: SuiteSettings = SuiteSettings(),
+                 k: int = 4) -> list[Check]:
+    """Every negative control of :func:`specdec_lab.verify.samplers_to_run`, ``n`` samples each,
+    through the same suite a correct sampler gets; the exact TV over two tokens is attached."""
+    runs = [r for r in samplers_to_run(VerifyOptions(k=k)) if not r[2]]
+    tvs = exact_rule_table(pair, pair.encode(prompt), runs, length=2).set_index("rule")["exact TV"]
+    folder = work_dir()
+    return [check_sampler(pair, name, sampler, False, prompt, n, length, seed + i, settings, folder, float(tvs[name]))
+            for i, (name, sampler, _) in enumerate(runs)]
+
+
+def first_token_alternatives(pair, prompt_ids: torch.Tensor, names) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """name -> (p, q): the exact first-token law q of each named negative control (at the settings
+    it needs) and the target law p at those settings. Sampling the control's first token is a
+    multinomial draw from q, so power computed from q is the sampler's power."""
+    out = {}
+    for name in names:
+        verifier = FAULTY[name]
+        needs = dict(verifier.needs or {})
+        config = SpeculativeConfig(k=needs.pop("k", 4), sampling=SamplingConfig(**needs), verifier=verifier)
+        out[name] = (first_token_law(pair, prompt_ids, config.sampling), first_token_rule_law(pair, prompt_ids, config))
+    return out
+
+
+def power_curves(alternatives: dict, sizes, *, alpha: float = 0.01, reps: int = 200, seed: int = 0) -> pd.DataFrame:
+    """:func:`power_curve` for every (p, q) in ``alternatives``, stacked."""
+    rng = np.random.default_rng(seed)
+    return pd.concat([power_curve(name, p, q, sizes, alpha=alpha, reps=reps, rng=rng)
+                      for name, (p, q) in alternatives.items()], ignore_index=True)
