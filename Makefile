@@ -16,6 +16,12 @@ $(STAMP): requirements.txt pyproject.toml
 verify: $(STAMP)
 	$(BIN)/specdec-lab verify $(ARGS)
 
+# Throughput vs HF generate / assisted generation, work per token, batch-1 latency, peak RSS
+# (about 10 min on 2 cores; writes reports/bench/<timestamp>/bench.{md,json}). ARGS="--quick" for a smoke run,
+# ARGS="--device cuda" on a GPU.
+bench: $(STAMP)
+	$(BIN)/python benchmarks/run.py $(ARGS)
+
 # The audit tests' real llama.cpp server: llama-cpp-python built for the CPU from its pinned sdist,
 # and llama.cpp's HF -> GGUF converter extracted from the same sdist (see specdec_lab/adapters/llamacpp.py).
 AUDIT_STAMP := $(VENV)/.audit-installed

@@ -1,0 +1,77 @@
+"""Smoke test of the benchmark at tiny size: every job runs and the report holds together.
+
+No timing is asserted (timings depend on the machine); what is checked is the bookkeeping that the
+numbers rest on: the work-per-token counts match the sampler's own counts and the theory's identity,
+every row is present, and the files are written.
+"""
+
+import json
+
+import pytest
+import torch
+
+from specdec_lab import bench
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    threads = torch.get_num_threads()
+    out = tmp_path_factory.mktemp("bench")
+    data, markdown = bench.run_benchmark(bench.QUICK, out, progress=False, runner=bench.run_job)
+    torch.set_num_threads(threads)
+    return data, markdown, out
+
+
+def test_report_has_every_section_and_row(quick_run):
+    data, markdown, out = quick_run
+    for heading in ("## 1. Collection throughput", "## 2. Work per token", "## 3. Batch-1 latency",
+                    "## 4. Peak memory", "HF assisted K=4 (batch 1)", "HF generate (batch 32)", "Medusa"):
+        assert heading in markdown
+    saved = json.loads((out / "bench.json").read_text())
+    assert set(saved["results"]) == set(bench.ORDER)
+    assert (out / "bench.md").read_text() == markdown
+    for name in ("naive", "speculative", "hf_generate", "hf_assisted"):
+        s = saved["results"][name]["samples_per_s"]
+        assert s["n"] == bench.QUICK.repeats and 0 < s["min"] <= s["median"] <= s["max"]
+
+
+def test_work_per_token_counts_agree_with_the_sampler(quick_run):
+    """Hook counts: K draft forwards and one target forward per chain step, as the sampler says."""
+    rows = quick_run[0]["results"]["work"]["rows"]
+    assert [r["k"] for r in rows] == list(bench.QUICK.ks)
+    for r in rows:
+        assert r["draft_per_token"] == pytest.approx(r["k"] * r["target_per_token"])
+        assert r["target_per_delivered_token"] >= r["target_per_token"]  # truncation only wastes
+        assert 0 < r["alpha"] < 1 and 1 / (r["k"] + 1) <= r["target_per_token"] <= 1
+    k1 = rows[0]  # K = 1: theory (1 − α)/(1 − α²) = 1/(1 + α), and α is measured on the same steps
+    assert k1["target_per_token"] == pytest.approx(k1["theory_target_per_token"], rel=1e-9)
+
+
+def test_latency_counts_forwards(quick_run):
+    runs = quick_run[0]["results"]["latency"]["runs"]
+    assert runs["naive"]["draft_positions_per_token"] == 0
+    assert runs["HF generate"]["draft_positions_per_token"] == 0
+    assert runs["speculative K=4"]["draft_positions_per_token"] > 0
+    assert runs["HF assisted K=4"]["draft_positions_per_token"] > 0
+
+
+def test_forward_counter_skips_prefill_and_counts_chains(pair):
+    from specdec_lab.sampling import make_generator
+    from specdec_lab.samplers.naive import NaiveConfig, sample_naive
+
+    counter = bench.ForwardCounter(pair.target)
+    sample_naive(pair, pair.encode("ROMEO:\n"), 5, 3, NaiveConfig(), make_generator(0))
+    counter.close()
+    assert (counter.chain_forwards, counter.positions) == (15, 15)
+
+
+def test_bad_settings_and_job_names():
+    with pytest.raises(ValueError, match="repeats"):
+        bench.BenchConfig(repeats=0)
+    with pytest.raises(ValueError, match="valid names"):
+        bench.run_job("nope", bench.QUICK)
+
+
+def test_subprocess_job_reports_its_own_peak_rss():
+    result = bench.run_in_subprocess("machine", bench.QUICK)
+    assert result["peak_rss_mib"] > 0 and result["matmul_gflops"]["median"] > 0
