@@ -39,10 +39,7 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-import pandas as pd
 import torch
-
-from specdec_lab.report import to_markdown
 
 
 @dataclass(frozen=True)
@@ -74,8 +71,8 @@ class BenchConfig:
 
 
 FULL = BenchConfig()
-QUICK = BenchConfig(samples=64, batch=32, assisted_samples=2, ks=(1, 3), work_samples=64,
-                    latency_tokens=8, repeats=2, matmul_size=256, threads=1)
+QUICK = BenchConfig(samples=32, batch=16, assisted_samples=2, ks=(1, 3), work_samples=32,
+                    latency_tokens=6, repeats=2, matmul_size=256, threads=1)
 
 
 # --- measuring -------------------------------------------------------------------------------
@@ -231,6 +228,20 @@ def job_machine(cfg: BenchConfig) -> dict:
             "copy_gbs": spread([bytes_moved / s / 1e9 for s in copy_seconds])}
 
 
+def timed_and_counted(pair, run: Callable[[], object], cfg: BenchConfig, samples: int) -> tuple[list[float], dict]:
+    """Time ``run`` (warm-up + repeats) while counting every forward's positions (prefills included)
+    -> (seconds, {"target_positions_per_sample", "draft_positions_per_sample"})."""
+    target, draft = ForwardCounter(pair.target, prefill=True), ForwardCounter(pair.draft, prefill=True)
+    try:
+        seconds = time_repeats(run, cfg.repeats, pair.device)
+    finally:
+        target.close()
+        draft.close()
+    runs = (cfg.repeats + 1) * samples
+    return seconds, {"target_positions_per_sample": target.positions / runs,
+                     "draft_positions_per_sample": draft.positions / runs}
+
+
 def _our_throughput(cfg: BenchConfig, sampler: str) -> dict:
     from specdec_lab.samplers.naive import NaiveConfig, sample_naive
     from specdec_lab.samplers.speculative import SpeculativeConfig, sample_speculative
@@ -246,9 +257,9 @@ def _our_throughput(cfg: BenchConfig, sampler: str) -> dict:
             result = sample_speculative(pair, prompt, cfg.samples, cfg.length, SpeculativeConfig(k=cfg.k), gen)
         stats.update(result.stats or {})
 
-    seconds = time_repeats(run, cfg.repeats, pair.device)
+    seconds, work = timed_and_counted(pair, run, cfg, cfg.samples)
     return {"samples": cfg.samples, "seconds": spread(seconds),
-            "samples_per_s": spread([cfg.samples / s for s in seconds]), "stats": stats}
+            "samples_per_s": spread([cfg.samples / s for s in seconds]), "stats": stats, **work}
 
 
 def job_naive(cfg: BenchConfig) -> dict:
@@ -265,20 +276,20 @@ def job_hf_generate(cfg: BenchConfig) -> dict:
     """HF ``generate``, plain sampling, batches of ``cfg.batch`` until ``cfg.samples`` samples."""
     pair, prompt = _load(cfg)
     batches = [min(cfg.batch, cfg.samples - start) for start in range(0, cfg.samples, cfg.batch)]
-    seconds = time_repeats(lambda: [hf_generate(pair, prompt, b, cfg.length, cfg.seed + i)
-                                    for i, b in enumerate(batches)], cfg.repeats, pair.device)
+    seconds, work = timed_and_counted(pair, lambda: [hf_generate(pair, prompt, b, cfg.length, cfg.seed + i)
+                                                     for i, b in enumerate(batches)], cfg, cfg.samples)
     return {"samples": cfg.samples, "batch": cfg.batch, "seconds": spread(seconds),
-            "samples_per_s": spread([cfg.samples / s for s in seconds])}
+            "samples_per_s": spread([cfg.samples / s for s in seconds]), **work}
 
 
 def job_hf_assisted(cfg: BenchConfig) -> dict:
     """HF assisted generation (batch 1, the only batch size it supports), K = cfg.k drafts per step."""
     pair, prompt = _load(cfg)
     set_assistant_k(pair.draft, cfg.k)
-    seconds = time_repeats(lambda: [hf_generate(pair, prompt, 1, cfg.length, cfg.seed + i, pair.draft)
-                                    for i in range(cfg.assisted_samples)], cfg.repeats, pair.device)
+    seconds, work = timed_and_counted(pair, lambda: [hf_generate(pair, prompt, 1, cfg.length, cfg.seed + i, pair.draft)
+                                                     for i in range(cfg.assisted_samples)], cfg, cfg.assisted_samples)
     return {"samples": cfg.assisted_samples, "seconds": spread(seconds),
-            "samples_per_s": spread([cfg.assisted_samples / s for s in seconds])}
+            "samples_per_s": spread([cfg.assisted_samples / s for s in seconds]), **work}
 
 
 def job_work(cfg: BenchConfig) -> dict:
@@ -388,7 +399,21 @@ def _ratio(a: dict, b: dict) -> float:
     return a["samples_per_s"]["median"] / b["samples_per_s"]["median"]
 
 
-def throughput_table(results: dict, cfg: BenchConfig) -> pd.DataFrame:
+def _frame(rows: list[dict]):
+    import pandas as pd  # imported here: a job's subprocess needs neither pandas nor the plots
+
+    return pd.DataFrame(rows)
+
+
+def _flops(base: dict, target_positions: float, draft_positions: float) -> float:
+    """2 × matmul weights × positions, target plus draft (attention's 4·layers·hidden·context per
+    position adds < 5% at these lengths and is left out)."""
+    return 2 * (base["target_matmul_params"] * target_positions + base["draft_matmul_params"] * draft_positions)
+
+
+def throughput_table(results: dict, cfg: BenchConfig) -> "pd.DataFrame":
+    """Samples/s, ratios to both HF peers, and the achieved share of the measured matmul peak."""
+    peak = results["machine"]["matmul_gflops"]["median"] * 1e9
     rows = []
     names = {"naive": "ours: naive (batched)", "speculative": f"ours: speculative K={cfg.k} (batched)",
              "hf_generate": f"HF generate (batch {cfg.batch})", "hf_assisted": f"HF assisted K={cfg.k} (batch 1)"}
@@ -399,11 +424,14 @@ def throughput_table(results: dict, cfg: BenchConfig) -> pd.DataFrame:
                      "min–max": f"{s['min']:.4g}–{s['max']:.4g}",
                      "× HF generate": _ratio(r, results["hf_generate"]),
                      "× HF assisted": _ratio(r, results["hf_assisted"]),
+                     "target positions/sample": r["target_positions_per_sample"],
+                     "% of matmul peak": 100 * _flops(results["baseline"], r["target_positions_per_sample"],
+                                                      r["draft_positions_per_sample"]) * s["median"] / peak,
                      "peak RSS MiB": r["peak_rss_mib"]})
-    return pd.DataFrame(rows)
+    return _frame(rows)
 
 
-def work_table(results: dict) -> pd.DataFrame:
+def work_table(results: dict) -> "pd.DataFrame":
     rows = []
     for r in results["work"]["rows"]:
         rows.append({"K": r["k"], "α": r["alpha"],
@@ -412,10 +440,10 @@ def work_table(results: dict) -> pd.DataFrame:
                      "target passes/delivered token": r["target_per_delivered_token"],
                      "target positions/delivered token": r["target_positions_per_delivered_token"],
                      "samples/s": r["samples_per_s"]})
-    return pd.DataFrame(rows)
+    return _frame(rows)
 
 
-def latency_table(results: dict) -> pd.DataFrame:
+def latency_table(results: dict) -> "pd.DataFrame":
     """ms per token and the achieved share of the measured matmul peak and copy bandwidth.
 
     FLOPs per token = 2 × (matmul weights) × positions fed per token (prompt prefill included),
@@ -430,14 +458,13 @@ def latency_table(results: dict) -> pd.DataFrame:
     rows = []
     for name, r in results["latency"]["runs"].items():
         seconds = r["ms_per_token"]["median"] / 1e3
-        flops = 2 * (base["target_matmul_params"] * r["target_positions_per_token"]
-                     + base["draft_matmul_params"] * r["draft_positions_per_token"])
+        flops = _flops(base, r["target_positions_per_token"], r["draft_positions_per_token"])
         rows.append({"batch 1": name, "ms/token (median)": r["ms_per_token"]["median"],
                      "min–max": f"{r['ms_per_token']['min']:.3g}–{r['ms_per_token']['max']:.3g}",
                      "× naive speed": naive_ms / r["ms_per_token"]["median"],
                      "MFLOP/token": flops / 1e6, "% of matmul peak": 100 * flops / seconds / peak,
                      "% of copy bandwidth (weights/pass)": 100 * _weight_bytes_per_token(base, r) / seconds / bandwidth})
-    return pd.DataFrame(rows)
+    return _frame(rows)
 
 
 def _weight_bytes_per_token(base: dict, r: dict) -> float:
@@ -446,12 +473,14 @@ def _weight_bytes_per_token(base: dict, r: dict) -> float:
                 + base["draft_params"] * r["draft_forwards_per_token"])
 
 
-def memory_table(results: dict) -> pd.DataFrame:
-    return pd.DataFrame([{"configuration (own process)": name, "peak RSS MiB": r["peak_rss_mib"],
+def memory_table(results: dict) -> "pd.DataFrame":
+    return _frame([{"configuration (own process)": name, "peak RSS MiB": r["peak_rss_mib"],
                           "job seconds": r["job_seconds"]} for name, r in results.items()])
 
 
 def render(results: dict, cfg: BenchConfig, meta: dict) -> str:
+    from specdec_lab.report import to_markdown
+
     m = results["machine"]
     lines = [
         "# specdec-lab benchmark", "",

@@ -5,6 +5,7 @@ numbers rest on: the work-per-token counts match the sampler's own counts and th
 every row is present, and the files are written.
 """
 
+import copy
 import json
 
 import pytest
@@ -14,18 +15,22 @@ from specdec_lab import bench
 
 
 @pytest.fixture(scope="module")
-def quick_run(tmp_path_factory):
-    threads = torch.get_num_threads()
+def quick_run(tmp_path_factory, pair):
+    """The whole benchmark at smoke size, jobs in this process, on the session's loaded pair."""
+    threads, assistant_config = torch.get_num_threads(), copy.deepcopy(pair.draft.generation_config)
     out = tmp_path_factory.mktemp("bench")
-    data, markdown = bench.run_benchmark(bench.QUICK, out, progress=False, runner=bench.run_job)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(bench, "_load_pair", lambda device, prompt: (pair, pair.encode(prompt)))
+        data, markdown = bench.run_benchmark(bench.QUICK, out, progress=False, runner=bench.run_job)
     torch.set_num_threads(threads)
+    pair.draft.generation_config = assistant_config  # set_assistant_k changed it
     return data, markdown, out
 
 
 def test_report_has_every_section_and_row(quick_run):
     data, markdown, out = quick_run
     for heading in ("## 1. Collection throughput", "## 2. Work per token", "## 3. Batch-1 latency",
-                    "## 4. Peak memory", "HF assisted K=4 (batch 1)", "HF generate (batch 32)", "Medusa"):
+                    "## 4. Peak memory", "HF assisted K=4 (batch 1)", "HF generate (batch 16)", "Medusa"):
         assert heading in markdown
     saved = json.loads((out / "bench.json").read_text())
     assert set(saved["results"]) == set(bench.ORDER)
