@@ -14,8 +14,10 @@ minute on 2 CPU cores) or ``full`` (``make notebooks``: the sample sizes a claim
 from __future__ import annotations
 
 import copy
+import json
 import os
 import tempfile
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -24,7 +26,7 @@ import pandas as pd
 import torch
 from scipy import stats as sps
 
-from specdec_lab import exact, report, stats
+from specdec_lab import exact, report, serving, stats, theory
 from specdec_lab.collect import collect
 from specdec_lab.sampling import SamplingConfig, make_generator, to_probs
 from specdec_lab.samplers.faulty import FAULTY
@@ -51,8 +53,8 @@ class Scale:
 
 
 SCALES = {
-    "ci": Scale("ci", samples=8_000, control_samples=3_000, length=3, replicates=40,
-                replicate_samples=1_000, power_reps=200, chains=16),
+    "ci": Scale("ci", samples=8_000, control_samples=2_000, length=3, replicates=30,
+                replicate_samples=600, power_reps=200, chains=16),
     "full": Scale("full", samples=80_000, control_samples=10_000, length=3, replicates=200,
                   replicate_samples=4_000, power_reps=1_000, chains=64),
 }
@@ -488,8 +490,208 @@ def first_token_alternatives(pair, prompt_ids: torch.Tensor, names) -> dict[str,
     return out
 
 
+def planned_samples(curves: pd.DataFrame, alpha: float = 0.01, power: float = 0.9) -> dict[str, int]:
+    """For each alternative of a :func:`power_curves` table: the planner's m for ``power`` against
+    the worst case at that alternative's TV on the bins of the largest m."""
+    last = curves.groupby("alternative", sort=False).last()
+    return {name: stats.plan_sample_size(float(row["TV on bins"]), int(row["bins"]), alpha=alpha, power=power)
+            for name, row in last.iterrows()}
+
+
 def power_curves(alternatives: dict, sizes, *, alpha: float = 0.01, reps: int = 200, seed: int = 0) -> pd.DataFrame:
     """:func:`power_curve` for every (p, q) in ``alternatives``, stacked."""
     rng = np.random.default_rng(seed)
     return pd.concat([power_curve(name, p, q, sizes, alpha=alpha, reps=reps, rng=rng)
                       for name, (p, q) in alternatives.items()], ignore_index=True)
+
+
+# ------------------------------------------------------------------- memory wall (notebook 01)
+
+
+def roofline_table(model: str, hardware_names, batch: int = 1, context: int = 0) -> pd.DataFrame:
+    """One decoding step of ``model`` on each accelerator: bytes, time, tokens/s bound, what binds."""
+    rows = []
+    for name in hardware_names:
+        r = theory.decode_roofline(model, name, batch=batch, context=context)
+        hw = theory.get_hardware(name)
+        rows.append({"hardware": name, "bandwidth TB/s": hw.bandwidth / 1e12, "TFLOP/s": hw.flops / 1e12,
+                     "GB moved per step": r.bytes_moved / 1e9, "step ms": 1e3 * r.step_time_s,
+                     "tokens/s ≤": r.tokens_per_s, "bound": r.bound, "compute used": r.compute_utilisation,
+                     "compute-bound from batch": theory.compute_bound_batch(model, name, context)})
+    return pd.DataFrame(rows)
+
+
+def hardware_peaks(hardware_names) -> dict[str, tuple[float, float]]:
+    """name -> (bandwidth bytes/s, peak FLOP/s), the two numbers a roofline needs."""
+    return {name: (theory.get_hardware(name).bandwidth, theory.get_hardware(name).flops) for name in hardware_names}
+
+
+def batch_sweep(model: str, hardware_names, batches, context: int = 0) -> pd.DataFrame:
+    """Roofline tokens/s (all sequences together) and arithmetic intensity for each batch size."""
+    rows = []
+    for name in hardware_names:
+        for batch in batches:
+            r = theory.decode_roofline(model, name, batch=int(batch), context=context)
+            rows.append({"hardware": name, "batch": int(batch), "tokens/s ≤": r.tokens_per_s, "bound": r.bound,
+                         "FLOP per byte": r.arithmetic_intensity, "FLOP/s attained": r.flops / r.step_time_s,
+                         "bytes per token": r.bytes_moved / (r.batch * r.tokens)})
+    return pd.DataFrame(rows)
+
+
+def measure_decode(pair, batches, steps: int = 8, repeats: int = 3, context: str = "ROMEO:\n") -> pd.DataFrame:
+    """Measured decoding speed of the bundled target here: ``steps`` cached one-token steps at each
+    batch size (median of ``repeats`` after a warm-up), next to the roofline of this machine
+    (its copy bandwidth and fp32 matmul peak, measured by :func:`specdec_lab.bench.job_machine`)."""
+    from specdec_lab import bench
+
+    machine = bench.job_machine(bench.BenchConfig(repeats=repeats, matmul_size=1024, device=str(pair.device)))
+    here = theory.Hardware("this machine", machine["copy_gbs"]["median"] * 1e9,
+                           machine["matmul_gflops"]["median"] * 1e9, 1e12, "measured")
+    spec = theory.get_model("bundled-target")
+    prompt = pair.encode(context)
+    rows = []
+    for batch in batches:
+        def run(B=int(batch)):
+            sample_naive(pair, prompt, B, steps, NaiveConfig(), make_generator(0, pair.device))
+        seconds = float(np.median(bench.time_repeats(run, repeats, pair.device)))
+        bound = theory.decode_roofline(spec, here, batch=int(batch), context=prompt.numel())
+        rows.append({"batch": int(batch), "ms per step": 1e3 * seconds / steps,
+                     "tokens/s measured": batch * steps / seconds, "tokens/s roofline ≤": bound.tokens_per_s,
+                     "bound": bound.bound, "share of roofline": batch * steps / seconds / bound.tokens_per_s})
+    frame = pd.DataFrame(rows)
+    frame.attrs["machine"] = {"copy GB/s": machine["copy_gbs"]["median"], "matmul GFLOP/s": machine["matmul_gflops"]["median"]}
+    return frame
+
+
+# ------------------------------------------------------------------- speedup calibrator (notebook 06)
+
+
+def alpha_from_logits(target_logits: torch.Tensor, draft_logits: torch.Tensor, settings: dict) -> pd.DataFrame:
+    """Mean acceptance α = Σ min(p, q) over real prefixes, for each sampling setting."""
+    return pd.DataFrame([{"settings": label,
+                          "α = Σ min(p, q)": float(np.mean(theory.acceptance_rate(to_probs(target_logits, config),
+                                                                                   to_probs(draft_logits, config))))}
+                         for label, config in settings.items()])
+
+
+def measured_speculation(pair, prompt_ids: torch.Tensor, ks, n: int, length: int, seed: int = 0) -> pd.DataFrame:
+    """Run the speculative sampler for each K: measured α and tokens per target pass, and the
+    theory's (1 − α^{K+1})/(1 − α) at the measured α."""
+    rows = []
+    for k in ks:
+        s = sample_speculative(pair, prompt_ids, n, length, SpeculativeConfig(k=int(k)),
+                               make_generator(seed + int(k), pair.device)).stats
+        rows.append({"K": int(k), "α measured": s["acceptance"], "tokens/pass measured": s["tokens_per_target_pass"],
+                     "tokens/pass theory": s["theory_tokens_per_target_pass"]})
+    return pd.DataFrame(rows)
+
+
+def implied_alpha(speedup: float, k: int, c: float) -> float:
+    """The acceptance α at which :func:`theory.expected_speedup` (α, K, c) equals ``speedup``
+    (bisection; nan when even α = 1 cannot reach it).
+
+    >>> round(implied_alpha(theory.expected_speedup(0.8, 4, 0.05), 4, 0.05), 6)
+    0.8
+    """
+    if theory.expected_speedup(1.0, k, c) < speedup:
+        return float("nan")
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if theory.expected_speedup(mid, k, c) < speedup else (lo, mid)
+    return (lo + hi) / 2
+
+
+# Llama-2 shapes (config.json of meta-llama/Llama-2-{7b,70b}-hf) for the gpt-fast headline, int4 weights.
+LLAMA2_7B_INT4 = theory.ModelSpec("llama-2-7b int4", 6_738_415_616, layers=32, hidden_size=4096, attention_heads=32,
+                                  kv_heads=32, head_dim=128, vocab_size=32_000, bytes_per_param=0.5)
+LLAMA2_70B_INT4 = theory.ModelSpec("llama-2-70b int4", 68_976_648_192, layers=80, hidden_size=8192,
+                                   attention_heads=64, kv_heads=8, head_dim=128, vocab_size=32_000, bytes_per_param=0.5)
+
+CLAIMS = [  # (source, claimed speedup, target, draft, hardware); see the shared ANCHORS
+    ("seed article: Llama-3.3-70B + Llama-3.2-1B", 2.5, "llama-70b", "llama-1b", "h100-sxm5"),
+    ("gpt-fast: Llama-2-70B + 7B, int4 (48.4 vs 25.3 tok/s)", 48.4 / 25.3, LLAMA2_70B_INT4, LLAMA2_7B_INT4, "a100-80gb"),
+]
+
+
+def implied_alpha_table(ks=(3, 4, 5, 6)) -> pd.DataFrame:
+    """For each published speedup claim: c from the roofline, and the α each K needs to deliver it."""
+    rows = []
+    for source, speedup, target, draft, hardware in CLAIMS:
+        c = theory.draft_cost_ratio(target, draft, hardware)
+        rows.append({"claim": source, "speedup": speedup, "c (roofline)": c,
+                     **{f"α needed, K={k}": implied_alpha(speedup, int(k), c) for k in ks}})
+    return pd.DataFrame(rows)
+
+
+def calibrator_view(alpha: float, k: int, c: float, hardware: str = "manual c", target: str = "llama-70b",
+                    draft: str = "llama-1b", k_max: int = 12):
+    """The speedup curve over K at (α, c), with K marked, and one summary line.
+
+    ``hardware`` other than "manual c" replaces c by the roofline ratio of ``draft`` to ``target`` on it.
+    Returns (figure, summary text).
+    """
+    if hardware != "manual c":
+        c = theory.draft_cost_ratio(target, draft, hardware)
+    table = theory.speedup_table(alpha, c, k_max)
+    fig = report.plot_speedup(table, title=f"α = {alpha:.2f}, c = {c:.4f}")
+    fig.axes[0].axvline(k, color="red", linewidth=1)
+    best = int(table.loc[table["best"], "K"].iloc[0])
+    text = (f"K = {k}: {theory.expected_tokens_per_pass(alpha, k):.2f} tokens per target pass, speedup "
+            f"{theory.expected_speedup(alpha, k, c):.2f}× (best K = {best}: {theory.expected_speedup(alpha, best, c):.2f}×)")
+    return fig, text
+
+
+def calibrator(alpha: float = 0.75, k: int = 4, c: float = 0.05):
+    """ipywidgets sliders (α, K, c, hardware) over :func:`calibrator_view`."""
+    import ipywidgets as widgets
+    import matplotlib.pyplot as plt
+    from IPython.display import display
+
+    def show(alpha, k, c, hardware):
+        fig, text = calibrator_view(alpha, k, c, hardware)
+        print(text)
+        display(fig)
+        plt.close(fig)
+
+    return widgets.interactive(
+        show,
+        alpha=widgets.FloatSlider(value=alpha, min=0.0, max=0.99, step=0.01, description="α"),
+        k=widgets.IntSlider(value=k, min=1, max=12, description="K"),
+        c=widgets.FloatLogSlider(value=c, base=10, min=-3, max=0, step=0.05, description="c"),
+        hardware=widgets.Dropdown(options=["manual c", *theory.HARDWARE], description="hardware"))
+
+
+# ------------------------------------------------------------------- serving (notebook 08)
+
+
+def memory_fit_table(config, hardware_names, tensor_parallel_sizes) -> pd.DataFrame:
+    """Does ``config`` fit, per GPU, on each accelerator at each tensor parallel size?"""
+    rows = []
+    for hw in hardware_names:
+        for tp in tensor_parallel_sizes:
+            variant = replace(config, tensor_parallel=int(tp),
+                              draft_tensor_parallel=None if config.draft_tensor_parallel is None else 1)
+            fit = serving.check_memory(variant, hw)
+            rows.append({"hardware": hw, "TP": int(tp), "fits": fit.fits, "needed GB/GPU": fit.needed / 1e9,
+                         "allowed GB/GPU": fit.allowed / 1e9, "sequences of max length": fit.max_sequences})
+    return pd.DataFrame(rows)
+
+
+def method_commands(target: str, drafts: dict, k: int = 5, tensor_parallel: int = 4) -> pd.DataFrame:
+    """The current vLLM command and the TensorRT-LLM decoding type for each speculation method."""
+    rows = []
+    for method, draft in drafts.items():
+        config = serving.ServingConfig(target, method=method, draft=draft, k=k, tensor_parallel=tensor_parallel)
+        rows.append({"method": method, "what": serving.METHODS[method].what,
+                     "TensorRT-LLM decoding_type": serving.trtllm_settings(config)["speculative_config"]["decoding_type"],
+                     "vLLM --speculative-config": json.dumps(serving.vllm_speculative_config(config))})
+    return pd.DataFrame(rows)
+
+
+def legacy_command(config) -> tuple[str, list[str]]:
+    """:func:`serving.vllm_legacy_command` and the warnings it raised (their messages)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        command = serving.vllm_legacy_command(config)
+    return command, [str(w.message) for w in caught]

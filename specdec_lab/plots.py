@@ -183,3 +183,47 @@ def pvalue_histograms(pvalues: dict[str, np.ndarray], bins: int = 10) -> Figure:
     fig.suptitle("p-values over independent replicates")
     fig.tight_layout()
     return fig
+
+
+def roofline(hardware: dict[str, tuple[float, float]], points: pd.DataFrame) -> Figure:
+    """The roofline: attainable FLOP/s = min(peak, intensity × bandwidth) per accelerator (log-log),
+    with decoding steps at several batch sizes as points.
+
+    ``hardware`` maps a name to (bandwidth bytes/s, peak FLOP/s); ``points`` needs the columns
+    ``hardware``, ``batch``, ``FLOP per byte`` and ``FLOP/s attained`` (:func:`specdec_lab.notebook.batch_sweep`).
+    """
+    fig, ax = _new((8, 5))
+    intensity = np.logspace(-1, 4, 200)
+    palette = dict(zip(hardware, sns.color_palette(n_colors=len(hardware))))
+    for name, (bandwidth, peak) in hardware.items():
+        ax.plot(intensity, np.minimum(peak, intensity * bandwidth), color=palette[name], label=name)
+    for name, part in points.groupby("hardware", sort=False):
+        ax.scatter(part["FLOP per byte"], part["FLOP/s attained"], color=palette.get(name, "black"), zorder=3)
+        for _, row in part.iterrows():
+            ax.annotate(f"B={int(row['batch'])}", (row["FLOP per byte"], row["FLOP/s attained"]), fontsize=7,
+                        textcoords="offset points", xytext=(4, -8))
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP per byte moved)")
+    ax.set_ylabel("attainable FLOP/s")
+    ax.set_title("Roofline: decoding at batch B sits on the bandwidth slope until B is large")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def batch_sweep(frame: pd.DataFrame) -> Figure:
+    """Roofline tokens/s against batch size per accelerator (log-log); marker = what binds.
+
+    ``frame`` from :func:`specdec_lab.notebook.batch_sweep`.
+    """
+    fig, ax = _new((8, 4.5))
+    sns.lineplot(data=frame, x="batch", y="tokens/s ≤", hue="hardware", ax=ax)
+    sns.scatterplot(data=frame, x="batch", y="tokens/s ≤", hue="hardware", style="bound", ax=ax, legend="brief")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_title("Tokens/s bound against batch size: linear while memory-bound, flat once compute-bound")
+    handles, labels = ax.get_legend_handles_labels()
+    ax.legend(handles[len(handles) // 2:], labels[len(labels) // 2:], fontsize=7)
+    fig.tight_layout()
+    return fig
