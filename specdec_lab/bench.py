@@ -146,40 +146,44 @@ def matmul_params(model: torch.nn.Module) -> int:
 
 
 # --- the peers: Hugging Face generate, plain and assisted -------------------------------------
+# Both go through the audit adapter (specdec_lab.adapters.hf): its generate_kwargs ask HF for the
+# same law p (do_sample, temperature 1, top_k=0 instead of HF's default 50, top_p=1, exactly L new
+# tokens, eos_token_id=None so nothing stops or is masked); assisted generation is batch 1 only.
 
-def hf_generation_config(length: int):
-    """HF settings that sample from the same law p as our samplers.
+def hf_config(cfg: BenchConfig, mode: str):
+    """The adapter's settings: K fixed (constant schedule, confidence threshold 0) like our sampler."""
+    from specdec_lab.adapters.hf import HFGenerateConfig
 
-    do_sample at temperature 1 with top_k=0 (HF's default top_k=50 would truncate the law) and
-    top_p=1; exactly ``length`` new tokens with no EOS stopping (the bundled models' eos id 0 is
-    also their BOS/pad id, and ``min_new_tokens`` would mask it, changing the law).
-    """
-    from transformers import GenerationConfig
-
-    return GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=length,
-                            eos_token_id=None, pad_token_id=0, use_cache=True)
+    return HFGenerateConfig(mode=mode, k=cfg.k, schedule="constant", confidence_threshold=0.0, progress=False)
 
 
-def set_assistant_k(draft: torch.nn.Module, k: int) -> None:
-    """Make HF assisted generation draft exactly K tokens per step (constant schedule, no early exit)."""
-    config = draft.generation_config
-    config.num_assistant_tokens = k
-    config.num_assistant_tokens_schedule = "constant"
-    config.assistant_confidence_threshold = 0.0
+def hf_generate_batch(pair, prompt: torch.Tensor, batch: int, length: int, seed: int) -> torch.Tensor:
+    """(batch, length) new tokens from one batched plain HF ``generate`` call (the adapter's settings)."""
+    from specdec_lab.adapters.hf import HFGenerateConfig, generate_kwargs
 
-
-def hf_generate(pair, prompt: torch.Tensor, batch: int, length: int, generator_seed: int,
-                assistant: torch.nn.Module | None = None) -> torch.Tensor:
-    """(batch, length) new tokens from HF ``generate`` (assisted when ``assistant`` is given)."""
-    torch.manual_seed(generator_seed)  # HF samples from the global RNG; only the peer uses it
-    ids = prompt[None].expand(batch, -1).to(pair.device)
+    torch.manual_seed(seed)  # HF samples from the global RNG: forced by its API (only the peer uses it)
+    ids = prompt[None].expand(batch, -1).to(pair.device)  # (B, P)
     with torch.no_grad():
-        out = pair.target.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
-                                   generation_config=hf_generation_config(length), assistant_model=assistant)
+        out = pair.target.generate(ids, attention_mask=torch.ones_like(ids),
+                                   **generate_kwargs(pair, HFGenerateConfig(mode="plain", progress=False), length))
     new = out[:, prompt.numel():]
     if new.shape != (batch, length):
         raise RuntimeError(f"HF generate returned {tuple(new.shape)} new tokens, expected {(batch, length)}")
     return new
+
+
+def hf_assisted(pair, prompt: torch.Tensor, n: int, length: int, cfg: BenchConfig, seed: int) -> torch.Tensor:
+    """(n, length) tokens from HF assisted generation, one batch-1 call per sample, via the adapter."""
+    from specdec_lab.adapters.hf import sample_hf
+
+    return sample_hf(pair, prompt, n, length, hf_config(cfg, "assisted"), _generator(cfg, pair.device, seed)).tokens
+
+
+def hf_plain_single(pair, prompt: torch.Tensor, length: int, cfg: BenchConfig) -> torch.Tensor:
+    """One batch-1 plain HF sample via the adapter (the latency row)."""
+    from specdec_lab.adapters.hf import sample_hf
+
+    return sample_hf(pair, prompt, 1, length, hf_config(cfg, "plain"), _generator(cfg, pair.device)).tokens
 
 
 # --- jobs: each runs in its own subprocess and returns plain data ------------------------------
@@ -276,7 +280,7 @@ def job_hf_generate(cfg: BenchConfig) -> dict:
     """HF ``generate``, plain sampling, batches of ``cfg.batch`` until ``cfg.samples`` samples."""
     pair, prompt = _load(cfg)
     batches = [min(cfg.batch, cfg.samples - start) for start in range(0, cfg.samples, cfg.batch)]
-    seconds, work = timed_and_counted(pair, lambda: [hf_generate(pair, prompt, b, cfg.length, cfg.seed + i)
+    seconds, work = timed_and_counted(pair, lambda: [hf_generate_batch(pair, prompt, b, cfg.length, cfg.seed + i)
                                                      for i, b in enumerate(batches)], cfg, cfg.samples)
     return {"samples": cfg.samples, "batch": cfg.batch, "seconds": spread(seconds),
             "samples_per_s": spread([cfg.samples / s for s in seconds]), **work}
@@ -285,9 +289,8 @@ def job_hf_generate(cfg: BenchConfig) -> dict:
 def job_hf_assisted(cfg: BenchConfig) -> dict:
     """HF assisted generation (batch 1, the only batch size it supports), K = cfg.k drafts per step."""
     pair, prompt = _load(cfg)
-    set_assistant_k(pair.draft, cfg.k)
-    seconds, work = timed_and_counted(pair, lambda: [hf_generate(pair, prompt, 1, cfg.length, cfg.seed + i, pair.draft)
-                                                     for i in range(cfg.assisted_samples)], cfg, cfg.assisted_samples)
+    seconds, work = timed_and_counted(pair, lambda: hf_assisted(pair, prompt, cfg.assisted_samples, cfg.length, cfg, 0),
+                                      cfg, cfg.assisted_samples)
     return {"samples": cfg.assisted_samples, "seconds": spread(seconds),
             "samples_per_s": spread([cfg.assisted_samples / s for s in seconds]), **work}
 
@@ -340,13 +343,12 @@ def job_latency(cfg: BenchConfig) -> dict:
 
     pair, prompt = _load(cfg)
     gen = _generator(cfg, pair.device)
-    set_assistant_k(pair.draft, cfg.k)
     L = cfg.latency_tokens
     runs = {
         "naive": lambda: sample_naive(pair, prompt, 1, L, NaiveConfig(), gen),
         f"speculative K={cfg.k}": lambda: sample_speculative(pair, prompt, 1, L, SpeculativeConfig(k=cfg.k), gen),
-        "HF generate": lambda: hf_generate(pair, prompt, 1, L, cfg.seed),
-        f"HF assisted K={cfg.k}": lambda: hf_generate(pair, prompt, 1, L, cfg.seed, pair.draft),
+        "HF generate": lambda: hf_plain_single(pair, prompt, L, cfg),
+        f"HF assisted K={cfg.k}": lambda: hf_assisted(pair, prompt, 1, L, cfg, 0),
     }
     out = {}
     for name, run in runs.items():

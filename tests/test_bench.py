@@ -5,7 +5,6 @@ numbers rest on: the work-per-token counts match the sampler's own counts and th
 every row is present, and the files are written.
 """
 
-import copy
 import json
 
 import pytest
@@ -17,13 +16,12 @@ from specdec_lab import bench
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory, pair):
     """The whole benchmark at smoke size, jobs in this process, on the session's loaded pair."""
-    threads, assistant_config = torch.get_num_threads(), copy.deepcopy(pair.draft.generation_config)
+    threads = torch.get_num_threads()
     out = tmp_path_factory.mktemp("bench")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(bench, "_load_pair", lambda device, prompt: (pair, pair.encode(prompt)))
         data, markdown = bench.run_benchmark(bench.QUICK, out, progress=False, runner=bench.run_job)
     torch.set_num_threads(threads)
-    pair.draft.generation_config = assistant_config  # set_assistant_k changed it
     return data, markdown, out
 
 
