@@ -50,13 +50,14 @@ class Scale:
     replicate_samples: int  # samples per replicate
     power_reps: int  # simulated test runs per sample size on a power curve
     chains: int  # sampled continuations per prompt that supply real prefixes for exact checks
+    audit_samples: int  # per audited external implementation (HF generate runs at batch 1: ~16 ms a sample)
 
 
 SCALES = {
     "ci": Scale("ci", samples=8_000, control_samples=2_000, length=3, replicates=30,
-                replicate_samples=600, power_reps=200, chains=16),
+                replicate_samples=600, power_reps=200, chains=16, audit_samples=1_500),
     "full": Scale("full", samples=80_000, control_samples=10_000, length=3, replicates=200,
-                  replicate_samples=4_000, power_reps=1_000, chains=64),
+                  replicate_samples=4_000, power_reps=1_000, chains=64, audit_samples=20_000),
 }
 
 
@@ -695,3 +696,13 @@ def legacy_command(config) -> tuple[str, list[str]]:
         warnings.simplefilter("always")
         command = serving.vllm_legacy_command(config)
     return command, [str(w.message) for w in caught]
+
+
+# ------------------------------------------------------------------- audits (notebook 07)
+
+
+def audit_first_freqs(table: pd.DataFrame, vocab_size: int) -> dict[str, np.ndarray]:
+    """First-token frequencies of every audit in a :func:`specdec_lab.audit.run_audits` table,
+    keyed by implementation and settings."""
+    return {f"{r.name} ({row['settings']})": np.bincount(r.samples.tokens()[:, 0], minlength=vocab_size) / r.suite.m
+            for r, (_, row) in zip(table.attrs["results"], table.iterrows())}

@@ -26,7 +26,8 @@ class TestScale:
 
     def test_full_is_larger_everywhere(self):
         ci, full = notebook.SCALES["ci"], notebook.SCALES["full"]
-        for field in ("samples", "control_samples", "replicates", "replicate_samples", "power_reps", "chains"):
+        for field in ("samples", "control_samples", "replicates", "replicate_samples", "power_reps", "chains",
+                      "audit_samples"):
             assert getattr(full, field) >= getattr(ci, field), field
 
     def test_default_device(self):
