@@ -132,3 +132,104 @@ def markov_logits_at(target_table: torch.Tensor, draft_table: torch.Tensor) -> L
         return target_table[state], draft_table[state]
 
     return logits_at
+
+
+# ---------------------------------------------------------------- one Medusa tree step
+
+
+def tree_first_token_law(p_root: torch.Tensor, children: torch.Tensor | None, q: torch.Tensor | None,
+                         mode: str, num_children: int | None = None) -> torch.Tensor:
+    """Exact law (V,) of the first token a lossless tree step emits at a node with target law p_root.
+
+    ``rejection_topk``: ``children`` (m,) are the distinct candidates, tried in order; c_i is kept
+    with p_i(c_i), else p_{i+1} = p_i without c_i, renormalised. ``rejection_iid``: ``num_children``
+    i.i.d. draws from ``q`` (V,); child i keeps x with mass min(q, p_i)(x), else
+    p_{i+1} = norm((p_i − q)+). All rejected: a draw from p_{m+1}. Both return p_root (the claim).
+
+    >>> p = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
+    >>> q = torch.tensor([0.1, 0.1, 0.8], dtype=torch.float64)
+    >>> bool(torch.allclose(tree_first_token_law(p, None, q, "rejection_iid", 3), p, atol=1e-15))
+    True
+    >>> bool(torch.allclose(tree_first_token_law(p, torch.tensor([2, 0]), None, "rejection_topk"), p))
+    True
+    """
+    from specdec_lab.samplers.rules import residual_positive_part
+
+    law, reach, p_i = torch.zeros_like(p_root), 1.0, p_root
+    if mode == "rejection_topk":
+        for c in children.tolist():
+            law[c] += reach * p_i[c]
+            reach = reach * (1 - p_i[c])
+            removed = p_i.clone()
+            removed[c] = 0.0
+            p_i = removed / removed.sum() if removed.sum() > 0 else p_i
+    elif mode == "rejection_iid":
+        for _ in range(num_children):
+            kept = torch.minimum(q, p_i)  # (V,) q(x)·min(1, p_i(x)/q(x))
+            law += reach * kept
+            reach = reach * (1 - kept.sum())
+            p_i = residual_positive_part(p_i, q)
+    else:
+        raise ValueError(f"unknown lossless tree mode {mode!r}; valid modes: rejection_topk, rejection_iid")
+    return law + reach * p_i
+
+
+def typical_first_token_law(p: torch.Tensor, nodes: torch.Tensor, tree, epsilon: float,
+                            alpha: float) -> torch.Tensor:
+    """Exact law (V,) of the first token of one Medusa typical-acceptance step.
+
+    p: (N+1, V) target law at the root and every node (at the sampling temperature); nodes: (N,) the
+    deterministic top-k candidates. Typical acceptance is deterministic given them: when some path
+    has an accepted first node, the longest one (first on ties) fixes the first token (a point mass);
+    otherwise the first token is drawn from p at the root.
+    """
+    from specdec_lab.samplers.medusa import longest_path, typical_accepted
+
+    accepted = typical_accepted(p[None], nodes[None], tree, epsilon, alpha)[0]  # (N+1,)
+    retrieve = tree.retrieve_indices
+    on_path = accepted[retrieve.clamp(min=0)] & (retrieve >= 0)  # (P, D+1)
+    best, length = longest_path(on_path[None], tree)
+    if int(length[0]) == 0:
+        return p[0].clone()
+    first = int(nodes[int(retrieve[int(best[0]), 1]) - 1])
+    law = torch.zeros_like(p[0])
+    law[first] = 1.0
+    return law
+
+
+@torch.no_grad()
+def medusa_tree_at(pair, heads, context: torch.Tensor, tree):
+    """Real laws for one Medusa step after ``context`` (C,) (C >= 2; its last token is the root).
+
+    Returns (node tokens (N,) top-k candidates, target logits (N+1, V), head logits (H, V)), all
+    float64 logits; apply :func:`~specdec_lab.sampling.to_probs` at any temperature."""
+    from specdec_lab.samplers.tree import TreeDecoder
+
+    decoder = TreeDecoder(pair.target, pair.vocab_size, 1, pair.device)
+    _, hidden = decoder.prefill_state(context[:-1].to(pair.device))
+    head_logits = heads(hidden)[:, : pair.vocab_size].double()  # (H, V)
+    width = max(tree.max_children())
+    top = torch.topk(head_logits, width, dim=-1).indices  # (H, width)
+    depth = torch.tensor(tree.depths[1:]) - 1
+    nodes = top[depth, torch.tensor(tree.ranks[1:])]  # (N,)
+    tokens = torch.cat([context[-1:].to(pair.device), nodes])[None]
+    logits, _ = decoder.feed_tree(tokens, tree)
+    return nodes.cpu(), logits[0].cpu(), head_logits.cpu()
+
+
+def tv_typical(target_logits: torch.Tensor, nodes: torch.Tensor, tree, epsilons, alphas,
+               temperatures) -> list[dict]:
+    """Exact TV(first-token law of typical acceptance, p) over a grid of ε, α and temperature.
+
+    ``target_logits`` (N+1, V) and ``nodes`` (N,) from :func:`medusa_tree_at`; top-k candidates do
+    not depend on the temperature, the target laws do. Rows: {"epsilon", "alpha", "temperature", "tv"}.
+    """
+    rows = []
+    for temperature in temperatures:
+        p = to_probs(target_logits, SamplingConfig(temperature=temperature))
+        for epsilon in epsilons:
+            for alpha in alphas:
+                law = typical_first_token_law(p, nodes, tree, epsilon, alpha)
+                rows.append({"epsilon": epsilon, "alpha": alpha, "temperature": temperature,
+                             "tv": float(tv(law, p[0]))})
+    return rows

