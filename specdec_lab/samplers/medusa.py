@@ -352,7 +352,7 @@ def sample_medusa(pair, prompt: torch.Tensor, n: int, length: int, config: Medus
     heads = heads_for(pair)
     result = in_chunks(lambda size: _medusa_batch(pair, heads, prompt, size, length, config, generator),
                        n, chunk)
-    result.stats = medusa_rates(result.stats)
+    result.stats = medusa_rates(result.stats, config.tree.depth)
     return result
 
 
@@ -398,7 +398,9 @@ def _medusa_batch(pair, heads, prompt, n, length, config, generator) -> SampleRe
     return SampleResult(out[:, :length].cpu(), None, counts)
 
 
-def medusa_rates(counts: dict) -> dict:
-    """Mean tokens per target pass (accepted path length + 1) from a run's summed counts."""
-    return {**counts, "tokens_per_target_pass": counts["emitted_tokens"] / max(1, counts["chain_steps"]),
-            "mean_accepted_length": counts["accepted_nodes"] / max(1, counts["chain_steps"])}
+def medusa_rates(counts: dict, depth: int) -> dict:
+    """From a run's summed counts: mean tokens per target pass (accepted path length + 1) and the
+    acceptance, accepted nodes per step / tree depth. (Rates are recomputed after merging counts.)"""
+    steps = max(1, counts["chain_steps"])
+    return {**counts, "tokens_per_target_pass": counts["emitted_tokens"] / steps,
+            "acceptance": counts["accepted_nodes"] / (steps * depth)}
