@@ -296,43 +296,74 @@ def job_hf_assisted(cfg: BenchConfig) -> dict:
 
 
 def job_work(cfg: BenchConfig) -> dict:
-    """Per K: measured α, target and draft forwards per token (counted by hooks), samples/s."""
+    """Per K: measured α, target and draft forwards per token (counted by hooks), samples/s; then
+    the same for Medusa trees (heads instead of a draft model) when the Medusa sampler exists."""
     from specdec_lab.samplers.speculative import SpeculativeConfig, sample_speculative
-    from specdec_lab.theory import expected_tokens_per_pass
 
     pair, prompt = _load(cfg)
     rows = []
     for i, k in enumerate(cfg.ks):
-        target, draft = ForwardCounter(pair.target), ForwardCounter(pair.draft)
-        gen = _generator(cfg, pair.device, offset=i)
+        rows.append(_work_row(pair, cfg, f"speculative K={k}", k, lambda gen, k=k: sample_speculative(
+            pair, prompt, cfg.work_samples, cfg.length, SpeculativeConfig(k=k), gen), offset=i))
+    status = medusa_status()
+    if status is None:
+        from specdec_lab.samplers.medusa import MedusaConfig, sample_medusa
+        from specdec_lab.samplers.tree import cartesian, chain
+
+        for j, (label, shape, mode) in enumerate(MEDUSA_TREES):
+            tree = chain(shape) if isinstance(shape, int) else cartesian(shape)
+            config = MedusaConfig(tree=tree, mode=mode)
+            rows.append(_work_row(pair, cfg, f"Medusa {label}, {mode} ({tree.num_nodes} nodes)",
+                                  tree.depth, lambda gen, c=config: sample_medusa(
+                                      pair, prompt, cfg.work_samples, cfg.length, c, gen),
+                                  offset=100 + j, chain_theory=isinstance(shape, int)))
+        status = ("Medusa rows: the bundled heads; rejection_topk is lossless recursive rejection on distinct "
+                  "top-k candidates, typical is Medusa's lossy default (shown for contrast); "
+                  "α = accepted nodes / (steps × depth); theory for a chain only (a tree has no single-α formula); "
+                  "no draft model (the heads read the target's hidden state).")
+    return {"samples": cfg.work_samples, "rows": rows, "medusa": status}
+
+
+# (label, chain depth or top-k per head, acceptance mode): a depth-4 chain like K = 4, a small tree,
+# and Medusa's lossy typical acceptance on the same chain for contrast
+MEDUSA_TREES = (("chain(4)", 4, "rejection_topk"), ("tree 2×2×2", (2, 2, 2), "rejection_topk"),
+                ("chain(4)", 4, "typical"))
+
+
+def _work_row(pair, cfg: BenchConfig, label: str, k: int, draw, offset: int, chain_theory: bool = True) -> dict:
+    from specdec_lab.theory import expected_tokens_per_pass
+
+    target, draft = ForwardCounter(pair.target), ForwardCounter(pair.draft)
+    gen = _generator(cfg, pair.device, offset=offset)
+    try:
         synchronize(pair.device)
         start = time.perf_counter()
-        stats = sample_speculative(pair, prompt, cfg.work_samples, cfg.length, SpeculativeConfig(k=k), gen).stats
+        stats = draw(gen).stats
         synchronize(pair.device)
         seconds = time.perf_counter() - start
+    finally:
         target.close()
         draft.close()
-        alpha, emitted, delivered = stats["acceptance"], stats["emitted_tokens"], cfg.work_samples * cfg.length
-        per_pass = expected_tokens_per_pass(alpha, k)
-        rows.append({"k": k, "alpha": alpha, "target_per_token": target.chain_forwards / emitted,
-                     "theory_target_per_token": 1 / per_pass,
-                     "draft_per_token": draft.chain_forwards / emitted, "theory_draft_per_token": k / per_pass,
-                     "target_per_delivered_token": target.chain_forwards / delivered,
-                     "draft_per_delivered_token": draft.chain_forwards / delivered,
-                     "target_positions_per_delivered_token": target.positions / delivered,
-                     "samples_per_s": cfg.work_samples / seconds})
-    return {"samples": cfg.work_samples, "rows": rows, "medusa": medusa_status()}
+    alpha, emitted, delivered = stats["acceptance"], stats["emitted_tokens"], cfg.work_samples * cfg.length
+    per_pass = expected_tokens_per_pass(alpha, k) if chain_theory else math.nan
+    return {"sampler": label, "k": k, "alpha": alpha, "target_per_token": target.chain_forwards / emitted,
+            "theory_target_per_token": 1 / per_pass,
+            "draft_per_token": draft.chain_forwards / emitted, "theory_draft_per_token": k / per_pass,
+            "target_per_delivered_token": target.chain_forwards / delivered,
+            "draft_per_delivered_token": draft.chain_forwards / delivered,
+            "target_positions_per_delivered_token": target.positions / delivered,
+            "samples_per_s": cfg.work_samples / seconds}
 
 
-def medusa_status() -> str:
-    """Whether a Medusa tree sampler exists to include in the work-per-token table."""
+def medusa_status() -> str | None:
+    """None when a Medusa tree sampler exists to benchmark, else a line saying what is missing."""
     try:
         from specdec_lab.samplers import medusa
     except ImportError:
         return "Medusa: not yet available"
     if not hasattr(medusa, "sample_medusa"):
-        return "Medusa: not yet available (heads exist; no tree sampler API to benchmark yet)"
-    return "Medusa: sampler present but not yet wired into this benchmark"
+        return "Medusa: not yet available (no tree sampler API to benchmark yet)"
+    return None
 
 
 def job_latency(cfg: BenchConfig) -> dict:
@@ -436,9 +467,11 @@ def throughput_table(results: dict, cfg: BenchConfig) -> "pd.DataFrame":
 def work_table(results: dict) -> "pd.DataFrame":
     rows = []
     for r in results["work"]["rows"]:
-        rows.append({"K": r["k"], "α": r["alpha"],
+        medusa = r["sampler"].startswith("Medusa")
+        rows.append({"sampler": r["sampler"], "α": r["alpha"],
                      "target passes/token": r["target_per_token"], "theory": r["theory_target_per_token"],
-                     "draft passes/token": r["draft_per_token"], "theory ": r["theory_draft_per_token"],
+                     "draft passes/token": math.nan if medusa else r["draft_per_token"],
+                     "theory ": math.nan if medusa else r["theory_draft_per_token"],
                      "target passes/delivered token": r["target_per_delivered_token"],
                      "target positions/delivered token": r["target_positions_per_delivered_token"],
                      "samples/s": r["samples_per_s"]})

@@ -40,7 +40,7 @@ def test_report_has_every_section_and_row(quick_run):
 
 def test_work_per_token_counts_agree_with_the_sampler(quick_run):
     """Hook counts: K draft forwards and one target forward per chain step, as the sampler says."""
-    rows = quick_run[0]["results"]["work"]["rows"]
+    rows = [r for r in quick_run[0]["results"]["work"]["rows"] if r["sampler"].startswith("speculative")]
     assert [r["k"] for r in rows] == list(bench.QUICK.ks)
     for r in rows:
         assert r["draft_per_token"] == pytest.approx(r["k"] * r["target_per_token"])
@@ -48,6 +48,16 @@ def test_work_per_token_counts_agree_with_the_sampler(quick_run):
         assert 0 < r["alpha"] < 1 and 1 / (r["k"] + 1) <= r["target_per_token"] <= 1
     k1 = rows[0]  # K = 1: theory (1 − α)/(1 − α²) = 1/(1 + α), and α is measured on the same steps
     assert k1["target_per_token"] == pytest.approx(k1["theory_target_per_token"], rel=1e-9)
+
+
+def test_medusa_rows_when_the_sampler_exists(quick_run):
+    rows = [r for r in quick_run[0]["results"]["work"]["rows"] if r["sampler"].startswith("Medusa")]
+    if bench.medusa_status() is not None:
+        pytest.skip(bench.medusa_status())
+    assert len(rows) == len(bench.MEDUSA_TREES)
+    for r in rows:
+        assert r["draft_per_token"] == 0 and 0 <= r["alpha"] <= 1  # heads, no draft model
+        assert 1 / (r["k"] + 1) <= r["target_per_token"] <= 1
 
 
 def test_latency_counts_forwards(quick_run):
