@@ -46,6 +46,18 @@ def settings_label(sampling: SamplingConfig) -> str:
     return " ".join(parts)
 
 
+def extra_label(extra: dict) -> str:
+    """Request fields that are not llama.cpp's neutral values (e.g. its own sampler defaults).
+
+    >>> extra_label({"top_k": 40, "min_p": 0.0})
+    ' top_k=40'
+    """
+    from specdec_lab.adapters.endpoint import LLAMA_CPP_NEUTRAL
+
+    neutral = dict(LLAMA_CPP_NEUTRAL)
+    return "".join(f" {k}={v}" for k, v in sorted(extra.items()) if neutral.get(k, object()) != v)
+
+
 def implementation_label(described: dict) -> str:
     """Name of the implementation from a sampler's ``describe()``."""
     if described.get("sampler") == "hf_generate":
@@ -74,8 +86,8 @@ class AuditResult:
         described = self.samples.meta["sampler"]
         asked = SamplingConfig(temperature=described["temperature"], top_k=described["top_k"],
                                top_p=described["top_p"])
-        settings = settings_label(asked)
-        if settings_label(self.scored_at) != settings:
+        settings = settings_label(asked) + extra_label(described.get("extra") or {})
+        if settings_label(self.scored_at) != settings_label(asked):
             settings += f", scored at {settings_label(self.scored_at)}"
         stats = self.samples.meta.get("stats") or {}
         per_pass = stats["emitted_tokens"] / stats["target_passes"] if stats.get("target_passes") else np.nan
