@@ -227,3 +227,62 @@ def batch_sweep(frame: pd.DataFrame) -> Figure:
     ax.legend(handles[len(handles) // 2:], labels[len(labels) // 2:], fontsize=7)
     fig.tight_layout()
     return fig
+
+
+def tree(parents, ranks, labels=None, title: str = "") -> Figure:
+    """A candidate tree drawn top-down: node 0 the root, each edge labelled by the child's rank.
+
+    ``parents`` and ``ranks`` as :class:`specdec_lab.samplers.tree.Tree` gives them (root first,
+    parents before children); ``labels`` optional text per node (e.g. its candidate token).
+    """
+    n = len(parents)
+    children = [[] for _ in range(n)]
+    for node, parent in enumerate(parents):
+        if parent >= 0:
+            children[parent].append(node)
+    depth = [0] * n
+    for node in range(1, n):
+        depth[node] = depth[parents[node]] + 1
+    x = [0.0] * n
+    next_leaf = [0]
+
+    def place(node):  # leaves left to right, a parent centred over its children
+        if not children[node]:
+            x[node] = next_leaf[0]
+            next_leaf[0] += 1
+        else:
+            for child in children[node]:
+                place(child)
+            x[node] = float(np.mean([x[c] for c in children[node]]))
+
+    place(0)
+    fig, ax = _new((max(6, 0.7 * next_leaf[0] + 2), 0.9 * max(depth) + 1.8))
+    for node in range(1, n):
+        ax.plot([x[parents[node]], x[node]], [-depth[parents[node]], -depth[node]], color="grey", zorder=1)
+    colors = sns.color_palette()
+    ax.scatter(x, [-d for d in depth], s=500, color=[colors[1]] + [colors[0]] * (n - 1), zorder=2)
+    for node in range(n):
+        text = "root" if node == 0 else (labels[node] if labels is not None else f"r{ranks[node]}")
+        ax.annotate(text, (x[node], -depth[node]), ha="center", va="center", fontsize=7, color="white", zorder=3)
+    ax.set_yticks([-d for d in range(max(depth) + 1)], [f"depth {d}" for d in range(max(depth) + 1)])
+    ax.set_xticks([])
+    ax.set_title(title or f"candidate tree: {n - 1} nodes, depth {max(depth)} (r = candidate rank)", fontsize=10)
+    ax.margins(0.15)
+    fig.tight_layout()
+    return fig
+
+
+def typical_heatmap(grid: pd.DataFrame) -> Figure:
+    """Exact TV of Medusa typical acceptance against p over ε (rows) and α (columns), one panel per
+    temperature. ``grid`` from :func:`specdec_lab.notebook.typical_tv_grid`."""
+    temperatures = sorted(grid["temperature"].unique())
+    fig, axes = plt.subplots(1, len(temperatures), figsize=(5 * len(temperatures), 4), squeeze=False)
+    for ax, temperature in zip(axes.flat, temperatures):
+        table = grid[grid["temperature"] == temperature].pivot(index="epsilon", columns="alpha", values="tv")
+        sns.heatmap(table, annot=True, fmt=".2f", cmap="rocket_r", vmin=0, vmax=float(grid["tv"].max()), ax=ax)
+        ax.set_title(f"T = {temperature:g}: TV(typical, p), first token")
+        ax.set_xlabel("α (entropy-scaled threshold)")
+        ax.set_ylabel("ε (hard threshold)")
+    fig.suptitle("Medusa typical acceptance is lossy: exact TV from the target law (0 = lossless)")
+    fig.tight_layout()
+    return fig
