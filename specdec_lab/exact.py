@@ -233,3 +233,23 @@ def tv_typical(target_logits: torch.Tensor, nodes: torch.Tensor, tree, epsilons,
                 rows.append({"epsilon": epsilon, "alpha": alpha, "temperature": temperature,
                              "tv": float(tv(law, p[0]))})
     return rows
+
+
+def medusa_first_token_law(pair, heads, context: torch.Tensor, config):
+    """(law, p): the exact law (V,) of the first token a Medusa sampler (``MedusaConfig``) emits
+    after ``context`` and the target's p (V,) from the same forward; law is None for a mode without
+    an exact law here (the sibling-independent negative control)."""
+    tree = config.tree
+    nodes, logits, head_logits = medusa_tree_at(pair, heads, context, tree)
+    p = to_probs(logits, config.sampling)  # (N+1, V)
+    root_children = tree.children[0][tree.children[0] >= 0]
+    if config.mode == "typical":
+        return typical_first_token_law(p, nodes, tree, config.epsilon, config.alpha), p[0]
+    if config.mode == "rejection_topk":
+        return tree_first_token_law(p[0], nodes[root_children - 1], None, "rejection_topk"), p[0]
+    if config.mode == "rejection_iid":
+        q = to_probs(head_logits, config.sampling)
+        return tree_first_token_law(p[0], None, q[0], "rejection_iid", len(root_children)), p[0]
+    if config.mode == "greedy":
+        return p[0], p[0]
+    return None, p[0]

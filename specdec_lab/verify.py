@@ -1,8 +1,10 @@
 """The main job: collect from every sampler, run the suite, write a report, decide.
 
 Correct samplers (naive; speculative K=4 at temperature 1 and 0.7 and with top-p; the point-mass
-draft) must come out **equivalent** (TV upper bound below ε); every negative control in
-:data:`specdec_lab.samplers.faulty.FAULTY` must come out **rejected**. Anything else fails the run.
+draft; Medusa tree verification with both lossless rejection rules) must come out **equivalent**
+(TV upper bound below ε); every negative control in :data:`specdec_lab.samplers.faulty.FAULTY` and
+:data:`~specdec_lab.samplers.faulty.TREE_FAULTY`, and Medusa's lossy typical acceptance, must come
+out **rejected**. Anything else fails the run.
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ import torch
 from specdec_lab import exact, report, stats
 from specdec_lab.collect import collect
 from specdec_lab.sampling import SamplingConfig
-from specdec_lab.samplers.faulty import FAULTY
+from specdec_lab.samplers.faulty import FAULTY, TREE_FAULTY
+from specdec_lab.samplers.medusa import MedusaConfig, heads_for, medusa_rates
 from specdec_lab.samplers.naive import NaiveConfig
 from specdec_lab.samplers.rules import POINT_MASS
 from specdec_lab.samplers.speculative import SpeculativeConfig
+from specdec_lab.samplers.tree import Tree
 from specdec_lab.suite import SuiteSettings, run_suite, score
 
 
@@ -30,12 +34,15 @@ class Scale:
     faulty_samples: int  # per negative control: enough to reject the smallest planted effect
     length: int  # new tokens per sample
     tolerance: float  # ε of the equivalence verdict
+    # lossless Medusa rows (each feeds 4 tokens per chain per pass, ≈ 3-5x a naive row on a CPU):
+    # the i.i.d. flavour by default (it accepts more, so it is the cheaper one), both at full scale
+    medusa_lossless: tuple = ("rejection_iid",)
 
 
 SCALES = {
     "smoke": Scale(1_000, 2_000, 3, 0.02),  # under a minute; tests the pipeline, lossless verdicts inconclusive
     "default": Scale(80_000, 10_000, 3, 0.02),  # ≈ 8 minutes on 2 CPU cores
-    "full": Scale(320_000, 20_000, 3, 0.01),  # ≈ 30 minutes on 2 CPU cores
+    "full": Scale(320_000, 20_000, 3, 0.01, ("rejection_iid", "rejection_topk")),  # ≈ 30 minutes on 2 CPU cores
 }
 
 DEFAULT_PROMPT = "ROMEO:\n"
@@ -54,6 +61,7 @@ class VerifyOptions:
     prompt: str = DEFAULT_PROMPT
     out: Path = Path("reports")
     progress: bool = True
+    medusa: bool = True  # Medusa rows need the bundled heads; off for pairs without them
 
     def __post_init__(self) -> None:
         if self.scale not in SCALES:
@@ -78,11 +86,34 @@ def samplers_to_run(options: VerifyOptions) -> list[tuple[str, object, bool]]:
         k = needs.pop("k", options.k)
         runs.append((f"faulty: {name}", SpeculativeConfig(k=k, sampling=replace(base, **needs),
                                                           verifier=verifier), False))
+    if options.medusa:
+        runs += medusa_runs(base, SCALES[options.scale].medusa_lossless)
+    return runs
+
+
+# Medusa rows: two candidates for token 1 and one below the first (4 tokens per target pass); the
+# smallest tree with both a multi-child node and a descent, so the rows stay affordable on a CPU.
+MEDUSA_TREE = Tree.from_choices([[0], [1], [0, 0]])
+
+
+def medusa_runs(base: SamplingConfig, lossless_modes=("rejection_iid", "rejection_topk")
+                ) -> list[tuple[str, object, bool]]:
+    """Medusa tree verification: both lossless rejection rules, lossy typical acceptance (expected
+    rejected at its defaults ε = 0.09, α = 0.3) and the sibling-independent negative control."""
+    tree = MEDUSA_TREE
+    runs = [(f"medusa {mode} tree", MedusaConfig(tree, mode, base), True)
+            for mode in lossless_modes]
+    typical = MedusaConfig(tree, "typical", base)
+    runs.append((f"medusa typical ε={typical.epsilon:g} α={typical.alpha:g} (lossy)", typical, False))
+    runs += [(f"faulty: medusa {name}", MedusaConfig(tree, name, base), False) for name in TREE_FAULTY]
     return runs
 
 
 def exact_tv(pair, prompt_ids: torch.Tensor, sampler, length: int) -> float:
     """TV between the sampler's exact law of the first min(2, L) tokens and the target's."""
+    if isinstance(sampler, MedusaConfig):  # first token only
+        law, p = exact.medusa_first_token_law(pair, heads_for(pair), prompt_ids, sampler)
+        return float("nan") if law is None else float(exact.tv(law, p))
     if not isinstance(sampler, SpeculativeConfig):
         return 0.0
     law = exact.sequence_law(exact.model_logits_at(pair, prompt_ids), pair.vocab_size, sampler.k,
@@ -93,6 +124,7 @@ def exact_tv(pair, prompt_ids: torch.Tensor, sampler, length: int) -> float:
 def run_verify(pair, options: VerifyOptions) -> dict:
     """Run everything; return {"summary", "table", "folder", "passed"}."""
     scale = SCALES[options.scale]
+    options = replace(options, medusa=options.medusa and pair.identity.get("pair") == "bundled")
     folder = options.out / time.strftime("%Y%m%d-%H%M%S")
     (folder / "samples").mkdir(parents=True, exist_ok=True)
     settings = SuiteSettings(tolerance=scale.tolerance)
@@ -108,7 +140,10 @@ def run_verify(pair, options: VerifyOptions) -> dict:
         tokens = samples.tokens()
         scores = score(pair, prompt_ids, tokens, sampler.sampling, settings.min_prefix_count)
         suite = run_suite(name, tokens, scores, settings, rng)
-        entries.append({"suite": suite, "lossless": lossless, "stats": samples.meta.get("stats"),
+        run_stats = samples.meta.get("stats")
+        if isinstance(sampler, MedusaConfig) and run_stats:  # rates from the merged counts
+            run_stats = medusa_rates(run_stats, sampler.tree.depth)
+        entries.append({"suite": suite, "lossless": lossless, "stats": run_stats,
                         "exact_tv": exact_tv(pair, prompt_ids, sampler, scale.length)})
         if index == 0:  # the naive run is scored at the base settings: its first law is the target's
             exact_first = scores.first_law

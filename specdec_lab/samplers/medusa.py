@@ -366,34 +366,40 @@ def _medusa_batch(pair, heads, prompt, n, length, config, generator) -> SampleRe
     out = torch.zeros(n, length + tree.depth + 1, dtype=torch.long, device=pair.device)
     filled = torch.zeros(n, dtype=torch.long, device=pair.device)
     counts = {"chain_steps": 0, "emitted_tokens": 0, "accepted_nodes": 0}
-    rows = torch.arange(n, device=pair.device)
-    while bool((filled < length).any()):
+    alive = torch.arange(n, device=pair.device)  # chains still short of `length`; the rest left the batch
+    position = torch.arange(tree.depth + 1, device=pair.device)
+    while alive.numel() > 0:
+        B = alive.numel()
+        rows = torch.arange(B, device=pair.device)
         nodes, q = propose_nodes(head_logits, tree, mode, config.sampling, generator)  # (B, N)
-        logits, hidden = decoder.feed_tree(torch.cat([root[:, None], nodes], dim=1), tree)
+        all_tokens = torch.cat([root[:, None], nodes], dim=1)  # (B, N+1)
+        logits, hidden = decoder.feed_tree(all_tokens, tree)
         p = to_probs(logits, config.sampling)  # (B, N+1, V)
         if mode.select is not None:
             path, accepted, token = mode.select(p, nodes, tree, config, generator)
         else:
             path, accepted, token = walk(p, nodes, q, tree, mode, generator)
-        all_tokens = torch.cat([root[:, None], nodes], dim=1)  # (B, N+1)
-        emitted = torch.cat([all_tokens.gather(1, path.clamp(min=0))[:, 1:], token[:, None]], dim=1)
-        position = torch.arange(tree.depth + 1, device=pair.device)
-        emit_mask = position[None] <= accepted[:, None]  # (B, D+1): path[1..len] then the token
+        # emit path[1..accepted] then the final token, at slots filled .. filled + accepted
+        emitted = all_tokens.gather(1, path.clamp(min=0)[:, 1:])  # (B, D)
+        emitted = torch.cat([emitted, token[:, None]], dim=1)  # (B, D+1)
         emitted = torch.where(position[None] == accepted[:, None], token[:, None], emitted)
-        target_slot = (filled[:, None] + position[None]).clamp(max=out.shape[1] - 1)
-        active = filled < length
-        write = emit_mask & active[:, None]
-        out[rows[:, None].expand_as(target_slot)[write], target_slot[write]] = emitted[write]
-        kept = torch.zeros(n, tree.num_nodes + 1, dtype=torch.bool, device=pair.device)
-        kept.scatter_(1, path.clamp(min=0), (path < 0) | (position[None] <= accepted[:, None]))
+        write = position[None] <= accepted[:, None]  # (B, D+1)
+        slot = (filled[alive][:, None] + position[None]).clamp(max=out.shape[1] - 1)
+        out[alive[:, None].expand_as(slot)[write], slot[write]] = emitted[write]
+        kept = torch.zeros(B, tree.num_nodes + 1, dtype=torch.bool, device=pair.device)
+        kept.scatter_(1, path.clamp(min=0), (path < 0) | write)
         decoder.keep_path(kept)
-        last = path.gather(1, accepted[:, None])[:, 0]  # deepest accepted node
+        last = path.gather(1, accepted[:, None])[:, 0]  # deepest accepted node: the new last fed slot
         head_logits = heads(hidden[rows, last])[..., : pair.vocab_size].double()  # (B, H, V)
         root = token
-        counts["chain_steps"] += int(active.sum())
-        counts["emitted_tokens"] += int((accepted + 1)[active].sum())
-        counts["accepted_nodes"] += int(accepted[active].sum())
-        filled = filled + (accepted + 1) * active
+        counts["chain_steps"] += B
+        counts["emitted_tokens"] += int((accepted + 1).sum())
+        counts["accepted_nodes"] += int(accepted.sum())
+        filled[alive] += accepted + 1
+        going = (filled[alive] < length).nonzero()[:, 0]  # (B',)
+        if going.numel() < B:
+            decoder.select(going)
+            alive, root, head_logits = alive[going], root[going], head_logits[going]
     counts["target_passes"] = decoder.passes
     return SampleResult(out[:, :length].cpu(), None, counts)
 
