@@ -55,7 +55,7 @@ class Scale:
 
 SCALES = {
     "ci": Scale("ci", samples=8_000, control_samples=2_000, length=3, replicates=30,
-                replicate_samples=600, power_reps=200, chains=16, audit_samples=1_500),
+                replicate_samples=600, power_reps=200, chains=16, audit_samples=1_000),
     "full": Scale("full", samples=80_000, control_samples=10_000, length=3, replicates=200,
                   replicate_samples=4_000, power_reps=1_000, chains=64, audit_samples=20_000),
 }
@@ -81,10 +81,16 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def setup(name: str | None = None) -> Scale:
-    """Start a notebook: seaborn's theme, fixed pandas display, and the scale in force."""
+def setup(name: str | None = None, threads: int | None = None) -> Scale:
+    """Start a notebook: seaborn's theme, fixed pandas display, and the scale in force.
+
+    ``threads`` sets torch's intra-op threads (e.g. 1 for batch-1 work such as HF ``generate``,
+    whose tiny kernels gain nothing from more threads and lose much on a busy machine).
+    """
     import seaborn as sns
 
+    if threads is not None:
+        torch.set_num_threads(int(threads))
     sns.set_theme(context="notebook", style="whitegrid")
     pd.set_option("display.precision", 4)
     pd.set_option("display.max_colwidth", 80)
