@@ -37,10 +37,11 @@ class Scale:
     # lossless Medusa rows (each feeds 4 tokens per chain per pass, ≈ 3-5x a naive row on a CPU):
     # the i.i.d. flavour by default (it accepts more, so it is the cheaper one), both at full scale
     medusa_lossless: tuple = ("rejection_iid",)
+    medusa: bool = True  # run the Medusa rows at all (smoke: off, it checks the pipeline quickly)
 
 
 SCALES = {
-    "smoke": Scale(1_000, 2_000, 3, 0.02),  # under a minute; tests the pipeline, lossless verdicts inconclusive
+    "smoke": Scale(1_000, 2_000, 3, 0.02, medusa=False),  # under a minute; tests the pipeline, lossless verdicts inconclusive
     "default": Scale(80_000, 10_000, 3, 0.02),  # ≈ 8 minutes on 2 CPU cores
     "full": Scale(320_000, 20_000, 3, 0.01, ("rejection_iid", "rejection_topk")),  # ≈ 30 minutes on 2 CPU cores
 }
@@ -61,7 +62,7 @@ class VerifyOptions:
     prompt: str = DEFAULT_PROMPT
     out: Path = Path("reports")
     progress: bool = True
-    medusa: bool = True  # Medusa rows need the bundled heads; off for pairs without them
+    medusa: bool | None = None  # Medusa rows (need the bundled heads); None: on for the bundled pair in run_verify
 
     def __post_init__(self) -> None:
         if self.scale not in SCALES:
@@ -86,7 +87,7 @@ def samplers_to_run(options: VerifyOptions) -> list[tuple[str, object, bool]]:
         k = needs.pop("k", options.k)
         runs.append((f"faulty: {name}", SpeculativeConfig(k=k, sampling=replace(base, **needs),
                                                           verifier=verifier), False))
-    if options.medusa:
+    if options.medusa and SCALES[options.scale].medusa:
         runs += medusa_runs(base, SCALES[options.scale].medusa_lossless)
     return runs
 
@@ -124,7 +125,8 @@ def exact_tv(pair, prompt_ids: torch.Tensor, sampler, length: int) -> float:
 def run_verify(pair, options: VerifyOptions) -> dict:
     """Run everything; return {"summary", "table", "folder", "passed"}."""
     scale = SCALES[options.scale]
-    options = replace(options, medusa=options.medusa and pair.identity.get("pair") == "bundled")
+    bundled = pair.identity.get("pair") == "bundled"
+    options = replace(options, medusa=bundled if options.medusa is None else options.medusa and bundled)
     folder = options.out / time.strftime("%Y%m%d-%H%M%S")
     (folder / "samples").mkdir(parents=True, exist_ok=True)
     settings = SuiteSettings(tolerance=scale.tolerance)
