@@ -48,8 +48,11 @@ notebooks: $(STAMP)
 lab: $(STAMP)
 	$(BIN)/jupyter lab --notebook-dir=notebooks
 
+# Target, draft, then the Medusa heads of the new target (train.py rewrites manifest.json; the heads'
+# step adds its entry back, so the manifest always describes the heads that match the target).
 train: $(STAMP)
 	$(BIN)/python -m specdec_lab.train --out data/models
+	$(BIN)/python -m specdec_lab.medusa_train --out data/models
 
 # Medusa heads for the bundled target (after `make train`; ≈ 10 min on 2 idle cores)
 train-medusa: $(STAMP)

@@ -6,7 +6,8 @@ must be fast. One run measures, on the same models:
 1. **throughput** — samples/s (L new tokens each) of the batched naive and speculative samplers,
    Hugging Face ``generate`` (batched, plain sampling) and HF assisted generation (batch 1), as
    ratios to the two HF peers. All four draw from the same law p (temperature 1, no top-k/top-p,
-   no EOS stopping);
+   no EOS stopping). Twice: after a short prompt and after a long one, because our samplers feed a
+   prompt once per batch and share its cache while HF ``generate`` feeds it once per sample;
 2. **work per token** — target and draft forwards per generated token for K = 1..8, counted per
    chain by forward hooks on the models, against (1 − α)/(1 − α^{K+1}) from the measured α;
 3. **batch-1 latency** — wall time per token, and the achieved fraction of this machine's matmul
@@ -42,6 +43,12 @@ import numpy as np
 import torch
 
 
+# Romeo and Juliet, Act II, Scene II (public domain): about 90 tokens of the bundled tokenizer.
+LONG_PROMPT = ("ROMEO.\nBut soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun!\n"
+               "Arise fair sun and kill the envious moon,\nWho is already sick and pale with grief,\n"
+               "That thou her maid art far more fair than she.\nROMEO.\n")
+
+
 @dataclass(frozen=True)
 class BenchConfig:
     """What one benchmark run measures. Defaults are the full run (`make bench`)."""
@@ -59,6 +66,7 @@ class BenchConfig:
     threads: int = 2  # torch.set_num_threads in every configuration
     device: str = "cpu"
     prompt: str = "ROMEO:\n"
+    long_prompt: str = LONG_PROMPT  # the throughput rows again after this (a realistic audit context)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -262,7 +270,7 @@ def _our_throughput(cfg: BenchConfig, sampler: str) -> dict:
         stats.update(result.stats or {})
 
     seconds, work = timed_and_counted(pair, run, cfg, cfg.samples)
-    return {"samples": cfg.samples, "seconds": spread(seconds),
+    return {"samples": cfg.samples, "prompt_tokens": prompt.numel(), "seconds": spread(seconds),
             "samples_per_s": spread([cfg.samples / s for s in seconds]), "stats": stats, **work}
 
 
@@ -282,7 +290,7 @@ def job_hf_generate(cfg: BenchConfig) -> dict:
     batches = [min(cfg.batch, cfg.samples - start) for start in range(0, cfg.samples, cfg.batch)]
     seconds, work = timed_and_counted(pair, lambda: [hf_generate_batch(pair, prompt, b, cfg.length, cfg.seed + i)
                                                      for i, b in enumerate(batches)], cfg, cfg.samples)
-    return {"samples": cfg.samples, "batch": cfg.batch, "seconds": spread(seconds),
+    return {"samples": cfg.samples, "batch": cfg.batch, "prompt_tokens": prompt.numel(), "seconds": spread(seconds),
             "samples_per_s": spread([cfg.samples / s for s in seconds]), **work}
 
 
@@ -291,7 +299,7 @@ def job_hf_assisted(cfg: BenchConfig) -> dict:
     pair, prompt = _load(cfg)
     seconds, work = timed_and_counted(pair, lambda: hf_assisted(pair, prompt, cfg.assisted_samples, cfg.length, cfg, 0),
                                       cfg, cfg.assisted_samples)
-    return {"samples": cfg.assisted_samples, "seconds": spread(seconds),
+    return {"samples": cfg.assisted_samples, "prompt_tokens": prompt.numel(), "seconds": spread(seconds),
             "samples_per_s": spread([cfg.assisted_samples / s for s in seconds]), **work}
 
 
@@ -444,19 +452,21 @@ def _flops(base: dict, target_positions: float, draft_positions: float) -> float
     return 2 * (base["target_matmul_params"] * target_positions + base["draft_matmul_params"] * draft_positions)
 
 
-def throughput_table(results: dict, cfg: BenchConfig) -> "pd.DataFrame":
-    """Samples/s, ratios to both HF peers, and the achieved share of the measured matmul peak."""
+def throughput_table(results: dict, cfg: BenchConfig, suffix: str = "") -> "pd.DataFrame":
+    """Samples/s, ratios to both HF peers, and the achieved share of the measured matmul peak, for
+    the short prompt (suffix "") or the long one (suffix LONG)."""
     peak = results["machine"]["matmul_gflops"]["median"] * 1e9
     rows = []
     names = {"naive": "ours: naive (batched)", "speculative": f"ours: speculative K={cfg.k} (batched)",
              "hf_generate": f"HF generate (batch {cfg.batch})", "hf_assisted": f"HF assisted K={cfg.k} (batch 1)"}
+    generate, assisted = results["hf_generate" + suffix], results["hf_assisted" + suffix]
     for key, label in names.items():
-        r = results[key]
+        r = results[key + suffix]
         s = r["samples_per_s"]
         rows.append({"sampler (same law p)": label, "samples": r["samples"], "samples/s (median)": s["median"],
                      "min–max": f"{s['min']:.4g}–{s['max']:.4g}",
-                     "× HF generate": _ratio(r, results["hf_generate"]),
-                     "× HF assisted": _ratio(r, results["hf_assisted"]),
+                     "× HF generate": _ratio(r, generate),
+                     "× HF assisted": _ratio(r, assisted),
                      "target positions/sample": r["target_positions_per_sample"],
                      "% of matmul peak": 100 * _flops(results["baseline"], r["target_positions_per_sample"],
                                                       r["draft_positions_per_sample"]) * s["median"] / peak,
@@ -527,7 +537,12 @@ def render(results: dict, cfg: BenchConfig, meta: dict) -> str:
         "", f"Measured peak: {m['matmul_gflops']['median']:.1f} GFLOP/s fp32 matmul ({cfg.matmul_size}², "
         f"min–max {m['matmul_gflops']['min']:.1f}–{m['matmul_gflops']['max']:.1f}); copy bandwidth "
         f"{m['copy_gbs']['median']:.1f} GB/s (128 MiB read + write).", "",
-        "## 1. Collection throughput", "", to_markdown(throughput_table(results, cfg)), "",
+        "## 1. Collection throughput", "",
+        f"After the prompt {cfg.prompt!r} ({results['naive']['prompt_tokens']} tokens):", "",
+        to_markdown(throughput_table(results, cfg)), "",
+        f"After a long prompt (`bench.LONG_PROMPT`, {results['naive' + LONG]['prompt_tokens']} tokens; our samplers "
+        "feed it once per batch of chains and share its cache, HF generate once per sample):", "",
+        to_markdown(throughput_table(results, cfg, LONG)), "",
         "## 2. Work per token (speculative, per chain)", "",
         "Passes per token are per chain and per emitted token (before truncation to L), counted by forward hooks; "
         "theory: (1 − α)/(1 − α^{K+1}) target and K(1 − α)/(1 − α^{K+1}) draft passes per token at the measured α. "
@@ -544,6 +559,8 @@ def render(results: dict, cfg: BenchConfig, meta: dict) -> str:
 
 
 ORDER = ("baseline", "machine", "naive", "speculative", "hf_generate", "hf_assisted", "work", "latency")
+THROUGHPUT = ("naive", "speculative", "hf_generate", "hf_assisted")
+LONG = "_long_prompt"  # result key suffix: the throughput jobs again after cfg.long_prompt
 
 
 def run_benchmark(cfg: BenchConfig, out_dir: Path | str | None = None, progress: bool = True,
@@ -564,6 +581,10 @@ def run_benchmark(cfg: BenchConfig, out_dir: Path | str | None = None, progress:
         if progress:
             print(f"[bench] {name} …", file=sys.stderr, flush=True)
         results[name] = runner(name, cfg)
+    for name in THROUGHPUT:
+        if progress:
+            print(f"[bench] {name} after the long prompt …", file=sys.stderr, flush=True)
+        results[name + LONG] = runner(name, replace(cfg, prompt=cfg.long_prompt))
     meta["load_after"] = _load_average()
     markdown = render(results, cfg, meta)
     if out_dir is None:

@@ -47,6 +47,11 @@ SCALES = {
 }
 
 DEFAULT_PROMPT = "ROMEO:\n"
+# The Medusa rows' prompt: the corpus's speaker format (Gutenberg plays: "ROMEO.\n"). After it the
+# heads' first-token candidates pass typical acceptance's threshold, so typical's loss shows on the
+# first token, where the TV bound and the exact law live (after "ROMEO:\n" no candidate passes, so
+# typical's token 1 is exact there and its loss shows only from token 2 on).
+MEDUSA_PROMPT = "ROMEO.\n"
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,7 @@ class VerifyOptions:
     samples: int | None = None  # overrides the scale's correct_samples
     seed: int = 0
     prompt: str = DEFAULT_PROMPT
+    medusa_prompt: str = MEDUSA_PROMPT  # the Medusa rows' prompt (see MEDUSA_PROMPT)
     out: Path = Path("reports")
     progress: bool = True
     medusa: bool | None = None  # Medusa rows (need the bundled heads); None: on for the bundled pair in run_verify
@@ -130,14 +136,15 @@ def run_verify(pair, options: VerifyOptions) -> dict:
     folder = options.out / time.strftime("%Y%m%d-%H%M%S")
     (folder / "samples").mkdir(parents=True, exist_ok=True)
     settings = SuiteSettings(tolerance=scale.tolerance)
-    prompt_ids = pair.encode(options.prompt)
     rng = np.random.default_rng(options.seed)
     entries, first_laws, pits = [], {}, {}
     for index, (name, sampler, lossless) in enumerate(samplers_to_run(options)):
         n = (options.samples or scale.correct_samples) if lossless else scale.faulty_samples
         file = folder / "samples" / f"{index:02d}-{_slug(name)}.parquet"
         started = time.time()
-        samples = collect(pair, sampler, options.prompt, n, scale.length, options.seed + index, file,
+        prompt = options.medusa_prompt if isinstance(sampler, MedusaConfig) else options.prompt
+        prompt_ids = pair.encode(prompt)
+        samples = collect(pair, sampler, prompt, n, scale.length, options.seed + index, file,
                           progress=options.progress)
         tokens = samples.tokens()
         scores = score(pair, prompt_ids, tokens, sampler.sampling, settings.min_prefix_count)
@@ -178,7 +185,7 @@ def _write_markdown(folder, summary, table, options, scale, pair, passed) -> Non
         "",
         f"Models: `{pair.identity.get('pair')}` (target sha256 `{pair.identity.get('target_sha256', '')[:16]}…`, "
         f"draft sha256 `{pair.identity.get('draft_sha256', '')[:16]}…`), vocabulary {pair.vocab_size}.",
-        f"Prompt {options.prompt!r}, L = {scale.length} new tokens, K = {options.k}, seed {options.seed}, "
+        f"Prompt {options.prompt!r} (Medusa rows: {options.medusa_prompt!r}), L = {scale.length} new tokens, K = {options.k}, seed {options.seed}, "
         f"scale `{options.scale}`, ε = {scale.tolerance:g}, α = 0.01 per sampler (Holm across its tests).",
         "",
         f"**Overall: {'PASS' if passed else 'FAIL'}** — every lossless sampler must be *equivalent*, "

@@ -31,11 +31,23 @@ def test_report_has_every_section_and_row(quick_run):
                     "## 4. Peak memory", "HF assisted K=4 (batch 1)", "HF generate (batch 16)", "Medusa"):
         assert heading in markdown
     saved = json.loads((out / "bench.json").read_text())
-    assert set(saved["results"]) == set(bench.ORDER)
+    long_rows = {name + bench.LONG for name in bench.THROUGHPUT}
+    assert set(saved["results"]) == set(bench.ORDER) | long_rows
     assert (out / "bench.md").read_text() == markdown
-    for name in ("naive", "speculative", "hf_generate", "hf_assisted"):
-        s = saved["results"][name]["samples_per_s"]
-        assert s["n"] == bench.QUICK.repeats and 0 < s["min"] <= s["median"] <= s["max"]
+    for name in bench.THROUGHPUT:
+        for key in (name, name + bench.LONG):
+            s = saved["results"][key]["samples_per_s"]
+            assert s["n"] == bench.QUICK.repeats and 0 < s["min"] <= s["median"] <= s["max"]
+        short, long = saved["results"][name]["prompt_tokens"], saved["results"][name + bench.LONG]["prompt_tokens"]
+        assert long > 10 * short  # the second table really is after the long prompt
+
+
+def test_prompt_is_fed_once_per_batch_by_us_and_once_per_sample_by_hf(quick_run):
+    """Target positions per sample: ours ≈ L (+ one shared prefill), HF generate = P − 1 + L − 1 + ... ≥ P."""
+    results = quick_run[0]["results"]
+    P = results["naive" + bench.LONG]["prompt_tokens"]
+    assert results["naive" + bench.LONG]["target_positions_per_sample"] < bench.QUICK.length + P / 4
+    assert results["hf_generate" + bench.LONG]["target_positions_per_sample"] >= P
 
 
 def test_work_per_token_counts_agree_with_the_sampler(quick_run):

@@ -222,7 +222,10 @@ class TreeDecoder(Decoder):
             raise ValueError(f"feed_tree needs {tree.num_nodes + 1} tokens per chain (root + nodes), got {T}")
         tree_mask = tree.attention_mask.to(self.device)  # (T, T)
         past = self.valid[:, None, :].expand(B, T, -1)  # (B, T, S)
-        mask = torch.cat([past, tree_mask.expand(B, T, T)], dim=2)[:, None]  # (B, 1, T, S + T)
+        allowed = torch.cat([past, tree_mask.expand(B, T, T)], dim=2)[:, None]  # (B, 1, T, S + T)
+        # additive form: a 4-D mask reaches the attention kernel as given, and eager attention adds it
+        dtype = self.model.get_output_embeddings().weight.dtype
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device).masked_fill(~allowed, torch.finfo(dtype).min)
         positions = self.lengths[:, None] + tree.position_ids.to(self.device)  # (B, T)
         out = self.model(input_ids=tokens, attention_mask=mask, position_ids=positions,
                          cache=self.cache, use_cache=True, output_hidden_states=True)
