@@ -42,7 +42,7 @@ class Scale:
 
 SCALES = {
     "smoke": Scale(1_000, 2_000, 3, 0.02, medusa=False),  # under a minute; tests the pipeline, lossless verdicts inconclusive
-    "default": Scale(80_000, 10_000, 3, 0.02),  # ≈ 8 minutes on 2 CPU cores
+    "default": Scale(80_000, 10_000, 3, 0.02),  # ≈ 12-16 minutes on 2 CPU cores (Medusa rows included)
     "full": Scale(320_000, 20_000, 3, 0.01, ("rejection_iid", "rejection_topk")),  # ≈ 30 minutes on 2 CPU cores
 }
 

@@ -199,38 +199,22 @@ class TreeDecoder(Decoder):
     path is :meth:`discard`-ed, so the cache again holds exactly each chain's text.
     """
 
-    @torch.no_grad()
     def prefill_state(self, prompt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Feed the whole prompt (P,) once, share its cache across the B chains, and return the
         logits (V,) and final hidden state (D,) at its last position."""
-        from transformers import DynamicCache
-
-        B = self.valid.shape[0]
-        out = self.model(input_ids=prompt[None].to(self.device), cache=DynamicCache(), use_cache=True,
-                         output_hidden_states=True)
-        self.cache = out.cache
-        self.cache.batch_repeat_interleave(B)
-        self.valid = torch.ones(B, prompt.numel(), dtype=torch.bool, device=self.device)
+        out = self.prefill(prompt, hidden=True)
         return out.logits[0, -1, : self.vocab_size].double(), out.hidden_states[-1][0, -1]
 
-    @torch.no_grad()
     def feed_tree(self, tokens: torch.Tensor, tree: Tree) -> tuple[torch.Tensor, torch.Tensor]:
         """Feed root + nodes (B, N+1) with tree attention -> logits (B, N+1, V) float64 and final
         hidden states (B, N+1, D)."""
         B, T = tokens.shape
         if T != tree.num_nodes + 1:
             raise ValueError(f"feed_tree needs {tree.num_nodes + 1} tokens per chain (root + nodes), got {T}")
-        tree_mask = tree.attention_mask.to(self.device)  # (T, T)
-        past = self.valid[:, None, :].expand(B, T, -1)  # (B, T, S)
-        allowed = torch.cat([past, tree_mask.expand(B, T, T)], dim=2)[:, None]  # (B, 1, T, S + T)
-        # additive form: a 4-D mask reaches the attention kernel as given, and eager attention adds it
-        dtype = self.model.get_output_embeddings().weight.dtype
-        mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device).masked_fill(~allowed, torch.finfo(dtype).min)
+        tree_mask = tree.attention_mask.to(self.device).expand(B, T, T)  # (B, T, T) ancestors and self
         positions = self.lengths[:, None] + tree.position_ids.to(self.device)  # (B, T)
-        out = self.model(input_ids=tokens, attention_mask=mask, position_ids=positions,
-                         cache=self.cache, use_cache=True, output_hidden_states=True)
-        self.cache = out.cache
-        self.valid = torch.cat([self.valid, torch.ones(B, T, dtype=torch.bool, device=self.device)], dim=1)
+        keep = torch.ones(B, T, dtype=torch.bool, device=self.device)
+        out = self.forward(tokens, tree_mask, positions, keep, hidden=True)
         self.passes += 1
         return out.logits[..., : self.vocab_size].double(), out.hidden_states[-1]
 

@@ -1,0 +1,82 @@
+"""The ragged-batch decoder and its in-place slot cache against plain forwards of each chain's text."""
+
+import pytest
+import torch
+
+from specdec_lab.samplers.decoder import HEADROOM, Decoder
+
+
+def _alone(pair, text: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return pair.target(text[None]).logits[0, -1, : pair.vocab_size].double()  # (V,)
+
+
+def test_ragged_feeds_growth_and_select_match_plain_forwards(pair, prompt):
+    """Feeds with padding slots, discarded slots, chains leaving the batch, and more slots than the
+    first allocation (so the buffers regrow): every chain's next-token logits equal a plain forward
+    over exactly its own text."""
+    gen = torch.Generator().manual_seed(5)
+    B, T, steps = 4, 5, 16  # 80 slots fed after the prompt: the buffers regrow
+    assert steps * T > HEADROOM
+    decoder = Decoder(pair.target, pair.vocab_size, B, pair.device)
+    decoder.prefill(prompt[:-1])
+    capacity = decoder.cache.capacity
+    context = [prompt[:-1].clone() for _ in range(B)]  # each chain's text in the cache
+    chains = list(range(B))  # batch row -> chain
+    for step in range(steps):
+        tokens = torch.randint(0, pair.vocab_size, (len(chains), T), generator=gen)  # (B', T)
+        keep = torch.rand(len(chains), T, generator=gen) < 0.7  # False: padding slots
+        keep[:, -1] = True  # the slot whose logits we read belongs to the text
+        logits = decoder.feed(tokens, keep)[:, -1]  # (B', V)
+        cut = torch.randint(0, T + 1, (len(chains), 1), generator=gen)
+        drop = torch.arange(T)[None] >= cut  # a suffix of the block, like drafts after a rejection
+        decoder.discard(drop)
+        for row, chain in enumerate(chains):
+            seen = torch.cat([context[chain], tokens[row][keep[row]]])
+            torch.testing.assert_close(logits[row], _alone(pair, seen), atol=1e-4, rtol=1e-5)
+            context[chain] = torch.cat([context[chain], tokens[row][keep[row] & ~drop[row]]])
+        if step == steps // 2:  # chains 1 and 3 leave the batch
+            decoder.select(torch.tensor([0, 2]))
+            chains = [chains[0], chains[2]]
+    assert decoder.cache.capacity > capacity  # the buffers did regrow
+
+
+def _tiny(kind: str):
+    """A small randomly initialised model of another architecture (nothing is downloaded)."""
+    import transformers
+
+    torch.manual_seed(0)
+    configs = {
+        "gpt2": transformers.GPT2Config(vocab_size=97, n_positions=128, n_embd=32, n_layer=2, n_head=4),
+        "gpt_neox": transformers.GPTNeoXConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2,
+                                               num_attention_heads=4, intermediate_size=64, rotary_pct=0.5),
+        "qwen2": transformers.Qwen2Config(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                          num_key_value_heads=2, intermediate_size=64),
+    }
+    config = configs[kind]
+    config._attn_implementation = "eager"
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "gpt_neox", "qwen2"])
+def test_other_architectures_match_plain_forwards(kind):
+    """The slot cache only relies on attention layers calling ``cache.update``: GPT-2 (learned
+    positions), GPT-NeoX (partial rotary) and Qwen2 (grouped KV heads) decode exactly too."""
+    model = _tiny(kind)
+    gen = torch.Generator().manual_seed(1)
+    B, T = 3, 4
+    decoder = Decoder(model, 97, B, torch.device("cpu"))
+    prompt = torch.randint(0, 97, (6,), generator=gen)
+    decoder.prefill(prompt)
+    context = [prompt.clone() for _ in range(B)]
+    for _ in range(3):
+        tokens = torch.randint(0, 97, (B, T), generator=gen)
+        keep = torch.rand(B, T, generator=gen) < 0.7
+        keep[:, -1] = True
+        logits = decoder.feed(tokens, keep)[:, -1]  # (B, V)
+        for b in range(B):
+            seen = torch.cat([context[b], tokens[b][keep[b]]])
+            with torch.no_grad():
+                alone = model(seen[None]).logits[0, -1].double()
+            torch.testing.assert_close(logits[b], alone, atol=1e-5, rtol=1e-5)
+            context[b] = seen
