@@ -80,3 +80,22 @@ def test_other_architectures_match_plain_forwards(kind):
                 alone = model(seen[None]).logits[0, -1].double()
             torch.testing.assert_close(logits[b], alone, atol=1e-5, rtol=1e-5)
             context[b] = seen
+
+
+def test_sliding_window_and_unsupported_layers_are_refused():
+    """Full causal masks equal a sliding window only inside it: past the window the decoder refuses,
+    and layer kinds without a key/value cache are refused up front."""
+    import transformers
+
+    config = transformers.MistralConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                        num_key_value_heads=2, intermediate_size=64, sliding_window=8)
+    config._attn_implementation = "eager"
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    decoder = Decoder(model, 97, 2, torch.device("cpu"))
+    decoder.prefill(torch.arange(6))
+    decoder.feed(torch.zeros(2, 2, dtype=torch.long))  # 8 slots: inside the window
+    with pytest.raises(ValueError, match="sliding window of 8"):
+        decoder.feed(torch.zeros(2, 1, dtype=torch.long))
+    model.config.layer_types = ["full_attention", "linear_attention"]
+    with pytest.raises(ValueError, match="linear_attention"):
+        Decoder(model, 97, 2, torch.device("cpu"))

@@ -72,11 +72,28 @@ def _moved(buffer: torch.Tensor, capacity: int, filled: int, batch: int | None =
     return out
 
 
+def attention_window(config) -> int | None:
+    """The sliding window of a model with sliding-window layers; None when every layer attends to the
+    whole context. The decoder's explicit masks are full causal masks, which equal a sliding window
+    only while the context fits in it; other layer kinds (linear attention, state-space) have state
+    that a key/value cache does not hold."""
+    types = getattr(config, "layer_types", None)
+    if types is not None:
+        unsupported = sorted(set(types) - {"full_attention", "sliding_attention"})
+        if unsupported:
+            raise ValueError(f"{config.model_type}: layer types {unsupported} are not supported by the "
+                             "ragged decoder (it needs attention layers with a key/value cache)")
+        if "sliding_attention" not in types:
+            return None
+    return getattr(config, "sliding_window", None)
+
+
 class Decoder:
     """Feed tokens to ``model`` for B chains and return next-token logits in float64."""
 
     def __init__(self, model: torch.nn.Module, vocab_size: int, batch: int, device: torch.device):
         self.model, self.vocab_size, self.device, self.batch = model, vocab_size, device, batch
+        self.window = attention_window(model.config)
         self.dtype = model.get_output_embeddings().weight.dtype
         self.cache = SlotCache(model.config, batch, HEADROOM, self.dtype, device)
         self.valid = torch.zeros(batch, 0, dtype=torch.bool, device=device)  # (B, S)
@@ -97,6 +114,10 @@ class Decoder:
         # additive form, the finite minimum (a row that sees nothing stays finite, as in transformers)
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device).masked_fill(
             ~allowed, torch.finfo(self.dtype).min)
+        if self.window is not None and self.cache.length + T > self.window:
+            raise ValueError(f"{self.cache.length + T} cache slots exceed the model's sliding window of "
+                             f"{self.window} tokens; the ragged decoder applies full attention, exact only "
+                             "within the window (use a shorter prompt or length)")
         self.cache.reserve(T)
         out = self.model(input_ids=tokens, attention_mask=mask, position_ids=positions, cache=self.cache,
                          use_cache=True, output_hidden_states=hidden)
