@@ -53,6 +53,10 @@ class SlotCache:
     def advance(self, steps: int) -> None:
         self.length += steps
 
+    def get_seq_length(self) -> int:
+        """Filled slots (transformers' Cache name, so code that inspects caches reads both kinds)."""
+        return self.length
+
     def select(self, rows: torch.Tensor) -> None:
         self.keys = [k[rows] for k in self.keys]
         self.values = [v[rows] for v in self.values]
