@@ -112,7 +112,10 @@ class _Transformed(torch.nn.Module):
 
     def __init__(self, model, fn):
         super().__init__()
-        self.model, self.fn = model, fn
+        self.model, self.fn, self.config = model, fn, model.config
+
+    def get_output_embeddings(self):
+        return self.model.get_output_embeddings()
 
     def forward(self, **kwargs):
         out = self.model(**kwargs)
