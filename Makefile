@@ -31,8 +31,8 @@ $(AUDIT_STAMP): requirements-audit.txt $(STAMP)
 	$(BIN)/python -m specdec_lab.adapters.llamacpp fetch-converter
 	touch $(AUDIT_STAMP)
 
-# Tests, doctests and the notebooks under nbval (--nbval-lax: every cell must run without error, and
-# cells marked `# NBVAL_CHECK_OUTPUT` must reproduce their committed output; SPECDEC_LAB_SCALE=ci).
+# Tests, doctests and the notebooks under nbval (--nbval-lax: every cell must run without error and
+# every assert cell must hold; SPECDEC_LAB_SCALE=ci).
 # pytest exits 5 when it collected no tests, so `make test` fails loudly if nothing ran.
 NOTEBOOKS := $(wildcard notebooks/*.ipynb)
 test: $(STAMP) $(AUDIT_STAMP)

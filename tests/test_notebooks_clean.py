@@ -1,9 +1,7 @@
 """Committed notebooks carry no outputs or execution counts, and keep the house rules.
 
-Outputs are stripped so diffs stay readable and nothing stale looks like a result. The one
-exception: a cell whose source starts with ``# NBVAL_CHECK_OUTPUT`` keeps its (deterministic, text)
-output and an execution count (nbval skips a cell with outputs but no count as "unrun"), and
-``pytest --nbval-lax`` compares that output against a fresh run.
+Outputs are stripped so diffs stay readable and nothing stale looks like a result: outputs belong
+to runs, and what a notebook claims is checked by its assert cells under nbval.
 """
 
 import json
@@ -13,7 +11,6 @@ from pathlib import Path
 import pytest
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
-CHECKED = "# NBVAL_CHECK_OUTPUT"
 
 
 def cells(path: Path) -> list[dict]:
@@ -34,15 +31,8 @@ class TestNotebook:
         for i, cell in enumerate(cells(path)):
             if cell["cell_type"] != "code":
                 continue
-            outputs = cell.get("outputs", [])
-            if not source(cell).startswith(CHECKED):
-                assert cell.get("execution_count") is None, f"{path.name} cell {i} has an execution count"
-            if source(cell).startswith(CHECKED):
-                assert all(o.get("output_type") in ("stream", "execute_result") for o in outputs), \
-                    f"{path.name} cell {i}: a checked cell keeps text outputs only"
-                assert all("execution_count" not in o or o["execution_count"] is None for o in outputs)
-            else:
-                assert outputs == [], f"{path.name} cell {i} has outputs; strip them before committing"
+            assert cell.get("execution_count") is None, f"{path.name} cell {i} has an execution count"
+            assert cell.get("outputs", []) == [], f"{path.name} cell {i} has outputs; strip them before committing"
 
     def test_opens_with_claim_and_ends_with_asserts(self, path):
         cs = cells(path)
