@@ -96,10 +96,10 @@ class Decoder:
     """Feed tokens to ``model`` for B chains and return next-token logits in float64."""
 
     def __init__(self, model: torch.nn.Module, vocab_size: int, batch: int, device: torch.device):
-        self.model, self.vocab_size, self.device, self.batch = model, vocab_size, device, batch
+        self.model, self.vocab_size, self.device = model, vocab_size, device
         self.window = attention_window(model.config)
         self.dtype = model.get_output_embeddings().weight.dtype
-        self.cache = SlotCache(model.config, batch, HEADROOM, self.dtype, device)
+        self.cache = SlotCache(model.config, batch, 0, self.dtype, device)  # allocated on first feed or prefill
         self.valid = torch.zeros(batch, 0, dtype=torch.bool, device=device)  # (B, S)
         self.passes = 0  # decoding forwards (the prompt prefill is not counted)
 
@@ -113,15 +113,15 @@ class Decoder:
         """Run the model on tokens (B, T). allowed_new (B, T, T): which new slots each new token
         sees; keep (B, T): which new slots join their chain. Returns the model output."""
         B, T = tokens.shape
+        if self.window is not None and self.cache.length + T > self.window:
+            raise ValueError(f"{self.cache.length + T} cache slots exceed the model's sliding window of "
+                             f"{self.window} tokens; the ragged decoder applies full attention, exact only "
+                             "within the window (use a shorter prompt or length)")
         past = self.valid[:, None, :].expand(B, T, -1)  # (B, T, S)
         allowed = torch.cat([past, allowed_new], dim=2)[:, None]  # (B, 1, T, S + T)
         # additive form, the finite minimum (a row that sees nothing stays finite, as in transformers)
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device).masked_fill(
             ~allowed, torch.finfo(self.dtype).min)
-        if self.window is not None and self.cache.length + T > self.window:
-            raise ValueError(f"{self.cache.length + T} cache slots exceed the model's sliding window of "
-                             f"{self.window} tokens; the ragged decoder applies full attention, exact only "
-                             "within the window (use a shorter prompt or length)")
         self.cache.reserve(T)
         out = self.model(input_ids=tokens, attention_mask=mask, position_ids=positions, cache=self.cache,
                          use_cache=True, output_hidden_states=hidden)
@@ -153,7 +153,6 @@ class Decoder:
         """Keep only the chains at ``rows`` (B',): finished chains leave the batch."""
         self.cache.select(rows)
         self.valid = self.valid[rows]
-        self.batch = len(rows)
 
     @torch.no_grad()
     def prefill(self, prompt: torch.Tensor, hidden: bool = False):
@@ -161,7 +160,7 @@ class Decoder:
         model output of that one forward (None for an empty prompt)."""
         if prompt.numel() == 0:
             return None
-        B, P = self.batch, prompt.numel()
+        B, P = self.valid.shape[0], prompt.numel()
         self.cache = SlotCache(self.model.config, 1, P + HEADROOM, self.dtype, self.device)
         self.valid = torch.zeros(1, 0, dtype=torch.bool, device=self.device)
         causal = torch.ones(1, P, P, dtype=torch.bool, device=self.device).tril()
