@@ -266,7 +266,8 @@ def _our_throughput(cfg: BenchConfig, sampler: str) -> dict:
         if sampler == "naive":
             result = sample_naive(pair, prompt, cfg.samples, cfg.length, NaiveConfig(), gen)
         else:
-            result = sample_speculative(pair, prompt, cfg.samples, cfg.length, SpeculativeConfig(k=cfg.k), gen)
+            config = SpeculativeConfig(k=cfg.k, trim=sampler == "speculative_trim")
+            result = sample_speculative(pair, prompt, cfg.samples, cfg.length, config, gen)
         stats.update(result.stats or {})
 
     seconds, work = timed_and_counted(pair, run, cfg, cfg.samples)
@@ -282,6 +283,11 @@ def job_naive(cfg: BenchConfig) -> dict:
 def job_speculative(cfg: BenchConfig) -> dict:
     """Batched speculative sampling at K = cfg.k (``samplers.speculative``)."""
     return _our_throughput(cfg, "speculative")
+
+
+def job_speculative_trim(cfg: BenchConfig) -> dict:
+    """The same with trim=True: a chain missing r tokens drafts min(K, r − 1), as HF assisted does."""
+    return _our_throughput(cfg, "speculative_trim")
 
 
 def job_hf_generate(cfg: BenchConfig) -> dict:
@@ -313,6 +319,9 @@ def job_work(cfg: BenchConfig) -> dict:
     for i, k in enumerate(cfg.ks):
         rows.append(_work_row(pair, cfg, f"speculative K={k}", k, lambda gen, k=k: sample_speculative(
             pair, prompt, cfg.work_samples, cfg.length, SpeculativeConfig(k=k), gen), offset=i))
+    rows.append(_work_row(pair, cfg, f"speculative K={cfg.k}, trimmed", cfg.k, lambda gen: sample_speculative(
+        pair, prompt, cfg.work_samples, cfg.length, SpeculativeConfig(k=cfg.k, trim=True), gen), offset=50,
+        trimmed=True))
     status = medusa_status()
     if status is None:
         from specdec_lab.samplers.medusa import MedusaConfig, sample_medusa
@@ -338,8 +347,12 @@ MEDUSA_TREES = (("chain(4)", 4, "rejection_topk"), ("tree 2×2×2", (2, 2, 2), "
                 ("chain(4)", 4, "typical"))
 
 
-def _work_row(pair, cfg: BenchConfig, label: str, k: int, draw, offset: int, chain_theory: bool = True) -> dict:
-    from specdec_lab.theory import expected_tokens_per_pass
+def _work_row(pair, cfg: BenchConfig, label: str, k: int, draw, offset: int, chain_theory: bool = True,
+              trimmed: bool = False) -> dict:
+    """One work-table row. Theory: fixed K, 1/E[tokens per pass] target and K/E[...] draft passes per
+    emitted token; trimmed, the expected passes per sample from ``theory.expected_work_per_sample``
+    over L (a trimmed chain emits exactly L)."""
+    from specdec_lab.theory import expected_tokens_per_pass, expected_work_per_sample
 
     target, draft = ForwardCounter(pair.target), ForwardCounter(pair.draft)
     gen = _generator(cfg, pair.device, offset=offset)
@@ -354,9 +367,13 @@ def _work_row(pair, cfg: BenchConfig, label: str, k: int, draw, offset: int, cha
         draft.close()
     alpha, emitted, delivered = stats["acceptance"], stats["emitted_tokens"], cfg.work_samples * cfg.length
     per_pass = expected_tokens_per_pass(alpha, k) if chain_theory else math.nan
-    return {"sampler": label, "k": k, "alpha": alpha, "target_per_token": target.chain_forwards / emitted,
-            "theory_target_per_token": 1 / per_pass,
-            "draft_per_token": draft.chain_forwards / emitted, "theory_draft_per_token": k / per_pass,
+    theory_target, theory_draft = 1 / per_pass, k / per_pass
+    if trimmed:
+        work = expected_work_per_sample(alpha, k, cfg.length)
+        theory_target, theory_draft = work["target_passes"] / cfg.length, work["draft_passes"] / cfg.length
+    return {"sampler": label, "k": k, "alpha": alpha, "trimmed": trimmed, "target_per_token": target.chain_forwards / emitted,
+            "theory_target_per_token": theory_target,
+            "draft_per_token": draft.chain_forwards / emitted, "theory_draft_per_token": theory_draft,
             "target_per_delivered_token": target.chain_forwards / delivered,
             "draft_per_delivered_token": draft.chain_forwards / delivered,
             "target_positions_per_delivered_token": target.positions / delivered,
@@ -405,7 +422,7 @@ def job_latency(cfg: BenchConfig) -> dict:
 
 
 JOBS = {"baseline": job_baseline, "machine": job_machine, "naive": job_naive,
-        "speculative": job_speculative, "hf_generate": job_hf_generate, "hf_assisted": job_hf_assisted,
+        "speculative": job_speculative, "speculative_trim": job_speculative_trim, "hf_generate": job_hf_generate, "hf_assisted": job_hf_assisted,
         "work": job_work, "latency": job_latency}
 
 
@@ -458,6 +475,7 @@ def throughput_table(results: dict, cfg: BenchConfig, suffix: str = "") -> "pd.D
     peak = results["machine"]["matmul_gflops"]["median"] * 1e9
     rows = []
     names = {"naive": "ours: naive (batched)", "speculative": f"ours: speculative K={cfg.k} (batched)",
+             "speculative_trim": f"ours: speculative K={cfg.k}, trimmed (batched)",
              "hf_generate": f"HF generate (batch {cfg.batch})", "hf_assisted": f"HF assisted K={cfg.k} (batch 1)"}
     generate, assisted = results["hf_generate" + suffix], results["hf_assisted" + suffix]
     for key, label in names.items():
@@ -546,7 +564,9 @@ def render(results: dict, cfg: BenchConfig, meta: dict) -> str:
         "## 2. Work per token (speculative, per chain)", "",
         "Passes per token are per chain and per emitted token (before truncation to L), counted by forward hooks; "
         "theory: (1 − α)/(1 − α^{K+1}) target and K(1 − α)/(1 − α^{K+1}) draft passes per token at the measured α. "
-        "'delivered' divides by the N·L tokens kept (the last block is truncated).", "",
+        "'delivered' divides by the N·L tokens kept (the last block is truncated). The trimmed row drafts "
+        "min(K, r − 1) tokens when r are missing (`SpeculativeConfig(trim=True)`, as HF assisted generation does): "
+        "nothing is truncated, and its theory is `theory.expected_work_per_sample(α, K, L)` / L.", "",
         to_markdown(work_table(results)), "", results["work"]["medusa"], "",
         "## 3. Batch-1 latency", "", to_markdown(latency_table(results)), "",
         "MFLOP/token counts 2 × matmul weights × positions fed per token (target + draft). At batch 1 the "
@@ -558,8 +578,9 @@ def render(results: dict, cfg: BenchConfig, meta: dict) -> str:
     return "\n".join(lines)
 
 
-ORDER = ("baseline", "machine", "naive", "speculative", "hf_generate", "hf_assisted", "work", "latency")
-THROUGHPUT = ("naive", "speculative", "hf_generate", "hf_assisted")
+ORDER = ("baseline", "machine", "naive", "speculative", "speculative_trim", "hf_generate", "hf_assisted", "work",
+         "latency")
+THROUGHPUT = ("naive", "speculative", "speculative_trim", "hf_generate", "hf_assisted")
 LONG = "_long_prompt"  # result key suffix: the throughput jobs again after cfg.long_prompt
 
 

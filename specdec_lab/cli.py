@@ -67,7 +67,7 @@ def cmd_collect(args) -> int:
         sampler = NaiveConfig(sampling)
     else:
         verifier = LOSSLESS.get(args.sampler) or faulty.get(args.sampler)
-        sampler = SpeculativeConfig(k=args.k, sampling=sampling, verifier=verifier)
+        sampler = SpeculativeConfig(k=args.k, sampling=sampling, verifier=verifier, trim=args.trim)
     pair = _load(args)
     samples = collect(pair, sampler, args.prompt, args.samples, args.length, args.seed, args.out,
                       batch_size=args.batch_size)
@@ -159,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--sampler", default="leviathan",
                    help="naive, leviathan, point_mass or a faulty variant name")
     c.add_argument("--k", type=int, default=4)
+    c.add_argument("--trim", action="store_true",
+                   help="draft min(K, r - 1) tokens when r are missing: less work, the same law for a "
+                        "lossless rule (a faulty rule's law then depends on --length)")
     c.add_argument("--temperature", type=float, default=1.0)
     c.add_argument("--top-k", type=int, default=None)
     c.add_argument("--top-p", type=float, default=1.0)

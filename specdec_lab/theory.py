@@ -340,6 +340,34 @@ def expected_tokens_per_pass(alpha: float, k: int) -> float:
     return math.expm1((k + 1) * log_alpha) / math.expm1(log_alpha)
 
 
+def expected_work_per_sample(alpha: float, k: int, length: int) -> dict:
+    """Expected work of one chain that stops at exactly ``length`` tokens, drafting min(K, r − 1)
+    tokens when r are still missing (``samplers.speculative.draft_lengths``), i.i.d. acceptance α.
+
+    A step drafting k tokens costs one target pass over k + 1 positions and k draft passes, and
+    emits j + 1 tokens with probability α^j (1 − α) for j < k and α^k for j = k; the expectations
+    follow by recursion on r. Returns target passes, target positions and draft passes per sample.
+    As L grows, target passes / L tends to 1 / expected_tokens_per_pass(α, K).
+
+    >>> w = expected_work_per_sample(0.0, 4, 8)  # nothing accepted: 8 steps of k = 4,4,4,4,3,2,1,0
+    >>> w["target_passes"], w["target_positions"], w["draft_passes"]
+    (8.0, 30.0, 22.0)
+    >>> w = expected_work_per_sample(1.0, 4, 8)  # all accepted: k = 4 emits 5, then k = 2 emits 3
+    >>> w["target_passes"], w["target_positions"], w["draft_passes"]
+    (2.0, 8.0, 6.0)
+    """
+    _check_alpha_k(alpha, k)
+    if not isinstance(length, int) or length < 1:
+        raise ValueError(f"length must be an integer >= 1, got {length!r}")
+    work = np.zeros((length + 1, 3))  # work[r] = (target passes, target positions, draft passes) for r missing
+    for r in range(1, length + 1):
+        k_r = min(k, r - 1)
+        emit = np.array([alpha**j * (1 - alpha) for j in range(k_r)] + [alpha**k_r])  # P(j + 1 tokens)
+        after = sum(emit[j] * work[r - j - 1] for j in range(k_r + 1))
+        work[r] = np.array([1.0, k_r + 1.0, float(k_r)]) + after
+    return dict(zip(("target_passes", "target_positions", "draft_passes"), map(float, work[length])))
+
+
 def expected_speedup(alpha: float, k: int, c: float) -> float:
     """Wall-clock speedup (1 − α^{K+1}) / ((1 − α)(K c + 1)) over plain decoding.
 

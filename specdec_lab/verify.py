@@ -123,6 +123,9 @@ def exact_tv(pair, prompt_ids: torch.Tensor, sampler, length: int) -> float:
         return float("nan") if law is None else float(exact.tv(law, p))
     if not isinstance(sampler, SpeculativeConfig):
         return 0.0
+    if sampler.trim:
+        raise ValueError("exact.sequence_law describes speculative sampling with a fixed K; "
+                         "use trim=False for a sampler whose exact law is wanted")
     law = exact.sequence_law(exact.model_logits_at(pair, prompt_ids), pair.vocab_size, sampler.k,
                              min(2, length), sampler.sampling, sampler.verifier)
     return law.tv

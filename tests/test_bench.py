@@ -52,7 +52,8 @@ def test_prompt_is_fed_once_per_batch_by_us_and_once_per_sample_by_hf(quick_run)
 
 def test_work_per_token_counts_agree_with_the_sampler(quick_run):
     """Hook counts: K draft forwards and one target forward per chain step, as the sampler says."""
-    rows = [r for r in quick_run[0]["results"]["work"]["rows"] if r["sampler"].startswith("speculative")]
+    rows = [r for r in quick_run[0]["results"]["work"]["rows"]
+            if r["sampler"].startswith("speculative") and not r["trimmed"]]
     assert [r["k"] for r in rows] == list(bench.QUICK.ks)
     for r in rows:
         assert r["draft_per_token"] == pytest.approx(r["k"] * r["target_per_token"])
@@ -60,6 +61,14 @@ def test_work_per_token_counts_agree_with_the_sampler(quick_run):
         assert 0 < r["alpha"] < 1 and 1 / (r["k"] + 1) <= r["target_per_token"] <= 1
     k1 = rows[0]  # K = 1: theory (1 − α)/(1 − α²) = 1/(1 + α), and α is measured on the same steps
     assert k1["target_per_token"] == pytest.approx(k1["theory_target_per_token"], rel=1e-9)
+
+
+def test_trimmed_row_drafts_nothing_it_throws_away(quick_run):
+    """trim=True: every emitted token is delivered, and the last steps draft fewer than K."""
+    (r,) = [r for r in quick_run[0]["results"]["work"]["rows"] if r["trimmed"]]
+    assert r["k"] == bench.QUICK.k and r["target_per_delivered_token"] == pytest.approx(r["target_per_token"])
+    assert r["draft_per_token"] < r["k"] * r["target_per_token"]
+    assert 1 / (r["k"] + 1) <= r["theory_target_per_token"] <= 1
 
 
 def test_medusa_rows_when_the_sampler_exists(quick_run):

@@ -46,3 +46,12 @@ def test_collect_command(tmp_path, capsys):
     path = tmp_path / "s.parquet"
     assert main(["collect", "--sampler", "point_mass", "--samples", "64", "--length", "3", "--out", str(path)]) == 0
     assert path.exists() and "64 samples" in capsys.readouterr().out
+
+
+def test_collect_with_trim_records_it(tmp_path):
+    from specdec_lab.collect import load_samples
+
+    path = tmp_path / "t.parquet"
+    assert main(["collect", "--samples", "32", "--length", "5", "--trim", "--out", str(path)]) == 0
+    meta = load_samples(path).meta
+    assert meta["sampler"]["trim"] is True and meta["stats"]["emitted_tokens"] == 32 * 5  # nothing truncated

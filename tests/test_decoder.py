@@ -41,6 +41,42 @@ def test_ragged_feeds_growth_and_select_match_plain_forwards(pair, prompt):
     assert decoder.cache.capacity > capacity  # the buffers did regrow
 
 
+def test_per_chain_widths_and_in_place_select_match_plain_forwards(pair, prompt):
+    """Feeds where each chain fills only its first widths[b] slots (one forward per run of equal
+    widths, as the speculative sampler drafts), with the batch re-sorted in place between feeds:
+    every fed chain's logits equal a plain forward of its own text, the unfilled slots stay finite
+    (they are masked, and a NaN there would poison the masked sum), and the shared prompt slots are
+    never moved."""
+    gen = torch.Generator().manual_seed(7)
+    B, T = 6, 4
+    decoder = Decoder(pair.target, pair.vocab_size, B, pair.device)
+    decoder.prefill(prompt[:-1], room=40)
+    shared = decoder.cache.shared
+    assert shared == prompt.numel() - 1
+    buffers = [k.data_ptr() for k in decoder.cache.keys]
+    context = [prompt[:-1].clone() for _ in range(B)]
+    chains = list(range(B))
+    for step in range(5):
+        widths = torch.randint(0, T + 1, (len(chains),), generator=gen).sort(descending=True).values
+        widths[0] = T  # one chain fills the whole block
+        tokens = torch.randint(0, pair.vocab_size, (len(chains), T), generator=gen)
+        logits = decoder.feed(tokens, widths=widths)  # (B', T, V)
+        for row, chain in enumerate(chains):
+            w = int(widths[row])
+            context[chain] = torch.cat([context[chain], tokens[row, :w]])
+            if w > 0:
+                torch.testing.assert_close(logits[row, w - 1], _alone(pair, context[chain]), atol=1e-4, rtol=1e-5)
+            assert (logits[row, w:] == 0).all()
+        filled = decoder.cache.length
+        assert all(bool(torch.isfinite(k[:, :, :filled]).all()) for k in decoder.cache.keys + decoder.cache.values)
+        order = torch.randperm(len(chains), generator=gen)[: max(1, len(chains) - step % 2)]  # shuffle, drop some
+        decoder.select(order)
+        chains = [chains[i] for i in order.tolist()]
+    assert [k.data_ptr() for k in decoder.cache.keys] == buffers  # selected in place, no regrowth
+    with pytest.raises(ValueError, match="non-increasing"):
+        decoder.feed(torch.zeros(len(chains), 2, dtype=torch.long), widths=torch.arange(len(chains)) % 3)
+
+
 def _tiny(kind: str):
     """A small randomly initialised model of another architecture (nothing is downloaded)."""
     import transformers

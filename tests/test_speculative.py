@@ -20,6 +20,7 @@ from specdec_lab.samplers.faulty import FAULTY
 from specdec_lab.samplers.naive import NaiveConfig, sample_naive
 from specdec_lab.samplers.rules import POINT_MASS
 from specdec_lab.samplers.speculative import SpeculativeConfig, expected_tokens_per_pass, sample_speculative
+from specdec_lab.theory import expected_work_per_sample
 from specdec_lab.suite import SuiteSettings, run_suite, score
 
 LENGTH = 2  # first token, and token 2 conditional on token 1 (where K=1 bonus bugs show)
@@ -141,6 +142,27 @@ def test_all_chains_accept(pair, prompt):
     assert res.stats["acceptance"] > 0.999 and res.stats["tokens_per_target_pass"] > 4.99
 
 
+@pytest.mark.parametrize("length,steps,drafts", [(10, 2, 8), (7, 2, 5), (3, 1, 2), (1, 1, 0)])
+def test_trim_drafts_only_what_a_chain_still_needs(pair, prompt, length, steps, drafts):
+    """trim=True. Draft = target, so every draft is accepted and the schedule is deterministic: a chain missing r
+    tokens drafts min(K, r − 1), never more than it can keep (L = 7, K = 4: 4 drafts emit 5 tokens,
+    then 1 draft emits the last 2)."""
+    same = ModelPair(pair.target, pair.target, pair.tokenizer, pair.vocab_size, pair.device)
+    s = sample_speculative(same, prompt, 50, length, SpeculativeConfig(k=4, trim=True), make_generator(9)).stats
+    assert s["chain_steps"] == 50 * steps and s["evaluated_drafts"] == 50 * drafts
+    assert s["emitted_tokens"] == 50 * length  # nothing drafted past L, nothing truncated
+    assert s["draft_passes"] == sum(min(4, r - 1) for r in _remaining(length, 4))  # one pass per drafted position
+
+
+def _remaining(length: int, k: int) -> list[int]:
+    """Tokens still missing at each step when every draft is accepted."""
+    out, r = [], length
+    while r > 0:
+        out.append(r)
+        r -= min(k, r - 1) + 1
+    return out
+
+
 @pytest.mark.parametrize("k,length", [(8, 3), (5, 1), (1, 1), (4, 5)])
 def test_ragged_edges_give_exactly_length_tokens(pair, prompt, k, length):
     """K larger than L, chains of one token, and a last block that must be truncated."""
@@ -165,6 +187,17 @@ def test_measured_tokens_per_pass_matches_theory(pair, prompt):
     assert s["draft_passes"] == 4 * s["target_passes"]  # K draft passes per target pass
 
 
+def test_trimmed_work_matches_theory(pair, prompt):
+    """trim=True at L = 8: target passes per sample as the recursion in theory predicts at the
+    measured α, fewer than at fixed K, and the full-K steps still emit (1 − α^{K+1})/(1 − α) tokens."""
+    fixed = sample_speculative(pair, prompt, 2000, 8, SpeculativeConfig(k=4), make_generator(8)).stats
+    s = sample_speculative(pair, prompt, 2000, 8, SpeculativeConfig(k=4, trim=True), make_generator(8)).stats
+    work = expected_work_per_sample(s["acceptance"], 4, 8)
+    assert s["chain_steps"] / 2000 == pytest.approx(work["target_passes"], rel=0.05)
+    assert s["evaluated_drafts"] < fixed["evaluated_drafts"] and s["emitted_tokens"] == 2000 * 8
+    assert s["tokens_per_target_pass"] == pytest.approx(s["theory_tokens_per_target_pass"], rel=0.05)
+
+
 def test_bad_settings(pair, prompt):
     with pytest.raises(ValueError, match="k \\(draft tokens per step\\)"):
         SpeculativeConfig(k=0)
@@ -174,14 +207,19 @@ def test_bad_settings(pair, prompt):
         from specdec_lab.samplers.faulty import get
         get("nope")
     assert replace(SpeculativeConfig(), k=2).k == 2
+    with pytest.raises(ValueError, match="trim must be True or False"):
+        SpeculativeConfig(trim="yes")
 
 
-@pytest.mark.parametrize("name", ["leviathan", "bonus_wrong_position"])
-def test_positions_past_k_with_k4(pair, prompt, name):
+@pytest.mark.parametrize("name,trim", [("leviathan", False), ("bonus_wrong_position", False),
+                                       ("leviathan", True), ("residual_from_p", True)])
+def test_positions_past_k_with_k4(pair, prompt, name, trim):
     """K=4 over L=6 tokens reaches the bonus token (position 5) and the next block: the correct rule
-    passes the suite there, and a bonus drawn from the wrong position is caught at K=4 too."""
+    passes the suite there, and a bonus drawn from the wrong position is caught at K=4 too. With
+    trim (the second step drafts at most 0..4 tokens, by what each chain still needs) the correct
+    rule still passes and a wrong residual is still caught."""
     verifier = FAULTY.get(name) or CORRECT["K=4 T=1"].verifier
-    config = SpeculativeConfig(k=4, verifier=verifier)
+    config = SpeculativeConfig(k=4, verifier=verifier, trim=trim)
     res = sample_speculative(pair, prompt, 12_000, 6, config, make_generator(21))
     tokens = res.tokens.numpy()
     suite = run_suite(name, tokens, score(pair, prompt, tokens, config.sampling, SETTINGS.min_prefix_count),

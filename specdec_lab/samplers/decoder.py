@@ -10,6 +10,11 @@ concatenates on every forward, which copies every chain's whole cache each step 
 prompt, 1,024 chains of the bundled target move ≈ 1 GB per step that way, and the samplers ran at
 8% of the matmul peak. Each forward gets an explicit 4-D additive mask (B, 1, T, S + T), so the
 model never asks the cache for lengths or offsets: its attention layers only call ``update``.
+
+A feed may give each chain its own width (how many of the T new slots it fills): with chains sorted
+by width, each run of equal widths is one forward over a contiguous range of cache rows, and the
+slots a chain does not fill stay zero and invalid. The speculative sampler uses this to draft only
+as many tokens as a chain still needs.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import torch
 
 HEADROOM = 16  # spare slots at allocation; a full buffer grows by max(HEADROOM, a quarter)
+MAX_ROOM = 64  # at most this many slots are allocated ahead of need at the prefill
 
 
 class SlotCache:
@@ -26,10 +32,12 @@ class SlotCache:
         heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         shape = (batch, heads, capacity, dim)
-        # uninitialised: attention only ever reads slots [0, length), all written
-        self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
-        self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
+        # zeros: a slot that a narrow feed leaves unwritten is masked, and must be finite to stay
+        # harmless (masked weight 0 × NaN garbage would still be NaN)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
         self.length = 0
+        self.shared = 0  # leading slots equal in every chain (the prompt copied by ``repeat``)
 
     @property
     def capacity(self) -> int:
@@ -45,10 +53,18 @@ class SlotCache:
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         """Called by each attention layer: write the new (B, H, T, D) slots, return all (B, H, S + T, D)."""
+        return self.write(slice(None), key_states, value_states, layer_idx)
+
+    def write(self, rows: slice, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int):
+        """Write new slots (b, H, T, D) of the chains at ``rows`` after the filled ones; return their
+        keys and values up to the new slots (b, H, S + T, D)."""
         end = self.length + key_states.shape[2]
-        self.keys[layer_idx][:, :, self.length:end] = key_states
-        self.values[layer_idx][:, :, self.length:end] = value_states
-        return self.keys[layer_idx][:, :, :end], self.values[layer_idx][:, :, :end]
+        self.keys[layer_idx][rows, :, self.length:end] = key_states
+        self.values[layer_idx][rows, :, self.length:end] = value_states
+        return self.keys[layer_idx][rows, :, :end], self.values[layer_idx][rows, :, :end]
+
+    def rows(self, rows: slice) -> "RowRange":
+        return RowRange(self, rows)
 
     def advance(self, steps: int) -> None:
         self.length += steps
@@ -58,20 +74,43 @@ class SlotCache:
         return self.length
 
     def select(self, rows: torch.Tensor) -> None:
-        self.keys = [k[rows] for k in self.keys]
-        self.values = [v[rows] for v in self.values]
+        """Keep the chains at ``rows`` (B' <= B), in that order. In place: the shared prompt slots stay
+        where they are (every chain holds the same ones) and only the later filled slots move, so a
+        long prompt costs nothing here."""
+        B = self.keys[0].shape[0]
+        if len(rows) > B:
+            raise ValueError(f"select keeps at most the {B} chains there are, got {len(rows)} rows")
+        filled = slice(self.shared, self.length)
+        for buffer in self.keys + self.values:
+            buffer[: len(rows), :, filled] = buffer[rows, :, filled]
+        self.keys = [k[: len(rows)] for k in self.keys]
+        self.values = [v[: len(rows)] for v in self.values]
 
     def repeat(self, batch: int) -> None:
         """Copy a one-chain cache (1, H, capacity, D) to ``batch`` chains (the filled slots only)."""
         self.keys = [_moved(k, k.shape[2], self.length, batch) for k in self.keys]
         self.values = [_moved(v, v.shape[2], self.length, batch) for v in self.values]
+        self.shared = self.length
+
+
+class RowRange:
+    """A :class:`SlotCache` as one forward over the contiguous chains ``rows`` sees it."""
+
+    def __init__(self, cache: SlotCache, rows: slice):
+        self.cache, self.range = cache, rows
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        return self.cache.write(self.range, key_states, value_states, layer_idx)
+
+    def get_seq_length(self) -> int:
+        return self.cache.length
 
 
 def _moved(buffer: torch.Tensor, capacity: int, filled: int, batch: int | None = None) -> torch.Tensor:
     """A new (batch, H, capacity, D) buffer holding ``buffer``'s first ``filled`` slots (broadcast
     from one chain when ``batch`` is given)."""
     B, H, _, D = buffer.shape
-    out = torch.empty(batch or B, H, capacity, D, dtype=buffer.dtype, device=buffer.device)
+    out = torch.zeros(batch or B, H, capacity, D, dtype=buffer.dtype, device=buffer.device)
     out[:, :, :filled] = buffer[:, :, :filled]
     return out
 
@@ -112,33 +151,63 @@ class Decoder:
                 keep: torch.Tensor, hidden: bool = False):
         """Run the model on tokens (B, T). allowed_new (B, T, T): which new slots each new token
         sees; keep (B, T): which new slots join their chain. Returns the model output."""
-        B, T = tokens.shape
+        T = tokens.shape[1]
+        self._open(T)
+        out = self._run(slice(None), tokens, allowed_new, positions, hidden)
+        self._close(keep)
+        return out
+
+    def _open(self, T: int) -> None:
         if self.window is not None and self.cache.length + T > self.window:
             raise ValueError(f"{self.cache.length + T} cache slots exceed the model's sliding window of "
                              f"{self.window} tokens; the ragged decoder applies full attention, exact only "
                              "within the window (use a shorter prompt or length)")
-        past = self.valid[:, None, :].expand(B, T, -1)  # (B, T, S)
-        allowed = torch.cat([past, allowed_new], dim=2)[:, None]  # (B, 1, T, S + T)
+        self.cache.reserve(T)
+
+    def _run(self, rows: slice, tokens: torch.Tensor, allowed_new: torch.Tensor, positions: torch.Tensor,
+             hidden: bool = False):
+        """One model forward over the chains ``rows``: tokens (b, w) into the w slots after the filled ones."""
+        b, w = tokens.shape
+        past = self.valid[rows, None, :].expand(b, w, -1)  # (b, w, S)
+        allowed = torch.cat([past, allowed_new], dim=2)[:, None]  # (b, 1, w, S + w)
         # additive form, the finite minimum (a row that sees nothing stays finite, as in transformers)
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device).masked_fill(
             ~allowed, torch.finfo(self.dtype).min)
-        self.cache.reserve(T)
-        out = self.model(input_ids=tokens, attention_mask=mask, position_ids=positions, cache=self.cache,
-                         use_cache=True, output_hidden_states=hidden)
-        self.cache.advance(T)
-        self.valid = torch.cat([self.valid, keep], dim=1)
-        return out
+        return self.model(input_ids=tokens, attention_mask=mask, position_ids=positions,
+                          cache=self.cache.rows(rows), use_cache=True, output_hidden_states=hidden)
 
-    def feed(self, tokens: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
-        """Append tokens (B, T) (slots with keep=False are padding) -> logits (B, T, V) float64."""
+    def _close(self, keep: torch.Tensor) -> None:
+        self.cache.advance(keep.shape[1])
+        self.valid = torch.cat([self.valid, keep], dim=1)
+
+    def feed(self, tokens: torch.Tensor, keep: torch.Tensor | None = None,
+             widths: torch.Tensor | None = None) -> torch.Tensor:
+        """Append tokens (B, T) -> logits (B, T, V) float64. Slots with keep=False are padding.
+
+        widths (B,), non-increasing, in [0, T]: chain b fills only its first widths[b] slots (the rest
+        are padding, and its logits there are 0); each run of equal widths is one forward over
+        exactly that many slots, so narrow chains cost only what they use."""
         B, T = tokens.shape
         if keep is None:
             keep = torch.ones(B, T, dtype=torch.bool, device=self.device)
+        runs = None
+        if widths is not None:
+            runs = _runs(widths)  # [(rows, width)], checked before the cache changes
+            keep = keep & (torch.arange(T, device=self.device)[None] < widths[:, None])
         positions = self.lengths[:, None] + torch.cumsum(keep, dim=1) - keep.long()  # (B, T)
-        causal = torch.ones(T, T, dtype=torch.bool, device=self.device).tril()  # (T, T)
-        out = self.forward(tokens, causal[None] & keep[:, None, :], positions, keep)
+        allowed_new = torch.ones(T, T, dtype=torch.bool, device=self.device).tril()[None] & keep[:, None, :]
+        self._open(T)
+        if widths is None:
+            logits = self._run(slice(None), tokens, allowed_new, positions).logits[..., : self.vocab_size]
+        else:
+            logits = torch.zeros(B, T, self.vocab_size, dtype=self.dtype, device=self.device)
+            for rows, w in runs:
+                if w > 0:
+                    out = self._run(rows, tokens[rows, :w], allowed_new[rows, :w, :w], positions[rows, :w])
+                    logits[rows, :w] = out.logits[..., : self.vocab_size]
+        self._close(keep)
         self.passes += 1
-        return out.logits[..., : self.vocab_size].double()  # (B, T, V)
+        return logits.double()  # (B, T, V)
 
     def discard(self, drop: torch.Tensor) -> None:
         """Mark the last T slots' entries with drop=True (B, T) as no longer part of their chains.
@@ -155,13 +224,14 @@ class Decoder:
         self.valid = self.valid[rows]
 
     @torch.no_grad()
-    def prefill(self, prompt: torch.Tensor, hidden: bool = False):
+    def prefill(self, prompt: torch.Tensor, hidden: bool = False, room: int = HEADROOM):
         """Feed prompt (P,) once for one chain and copy its cache to all B chains; returns the
-        model output of that one forward (None for an empty prompt)."""
+        model output of that one forward (None for an empty prompt). ``room``: slots the caller
+        expects to feed after the prompt, allocated now (at most MAX_ROOM; the cache grows past them)."""
         if prompt.numel() == 0:
             return None
         B, P = self.valid.shape[0], prompt.numel()
-        self.cache = SlotCache(self.model.config, 1, P + HEADROOM, self.dtype, self.device)
+        self.cache = SlotCache(self.model.config, 1, P + min(max(room, HEADROOM), MAX_ROOM), self.dtype, self.device)
         self.valid = torch.zeros(1, 0, dtype=torch.bool, device=self.device)
         causal = torch.ones(1, P, P, dtype=torch.bool, device=self.device).tril()
         keep = torch.ones(1, P, dtype=torch.bool, device=self.device)
@@ -170,3 +240,15 @@ class Decoder:
         self.cache.repeat(B)
         self.valid = self.valid.expand(B, -1).clone()
         return out
+
+
+def _runs(widths: torch.Tensor) -> list[tuple[slice, int]]:
+    """Contiguous runs of equal values in non-increasing widths (B,) -> [(rows, width), ...]."""
+    values, counts = torch.unique_consecutive(widths, return_counts=True)
+    if len(values) > 1 and bool((values[1:] > values[:-1]).any()):
+        raise ValueError(f"widths must be non-increasing (chains sorted by width), got {widths.tolist()}")
+    runs, start = [], 0
+    for value, count in zip(values.tolist(), counts.tolist()):
+        runs.append((slice(start, start + count), value))
+        start += count
+    return runs

@@ -360,7 +360,7 @@ def sample_medusa(pair, prompt: torch.Tensor, n: int, length: int, config: Medus
 def _medusa_batch(pair, heads, prompt, n, length, config, generator) -> SampleResult:
     mode, tree = get_mode(config.mode), config.tree
     decoder = TreeDecoder(pair.target, pair.vocab_size, n, pair.device)
-    _, hidden = decoder.prefill_state(prompt[:-1].to(pair.device))
+    _, hidden = decoder.prefill_state(prompt[:-1].to(pair.device), room=length * (tree.num_nodes + 1))
     head_logits = heads(hidden)[None, :, : pair.vocab_size].double().expand(n, -1, -1)  # (B, H, V)
     root = prompt[-1:].to(pair.device).expand(n).clone()  # (B,)
     out = torch.zeros(n, length + tree.depth + 1, dtype=torch.long, device=pair.device)

@@ -38,11 +38,13 @@ RATES = ("acceptance", "tokens_per_target_pass", "theory_tokens_per_target_pass"
 
 
 def speculative_rates(counts: dict) -> dict:
-    """Acceptance α (accepted / evaluated drafts), tokens per target pass, and the theory's
-    (1 − α^{K+1})/(1 − α) at that α (Leviathan et al.)."""
+    """Acceptance α (accepted / evaluated drafts), tokens per target pass over the steps that drafted
+    all K tokens (a chain's last steps draft fewer, see ``speculative.draft_lengths``; NaN when no
+    step did), and the theory's (1 − α^{K+1})/(1 − α) at that α (Leviathan et al.)."""
     alpha = counts["accepted_drafts"] / max(1, counts["evaluated_drafts"])
+    full = counts["full_steps"]
     return {**counts, "acceptance": alpha,
-            "tokens_per_target_pass": counts["emitted_tokens"] / max(1, counts["chain_steps"]),
+            "tokens_per_target_pass": counts["full_emitted_tokens"] / full if full else float("nan"),
             "theory_tokens_per_target_pass": expected_tokens_per_pass(alpha, counts["k"])}
 
 
@@ -87,7 +89,7 @@ def sample_naive(pair, prompt: torch.Tensor, n: int, length: int, config: NaiveC
 
 def _naive_batch(pair, prompt, n, length, config, generator, return_probs) -> SampleResult:
     decoder = Decoder(pair.target, pair.vocab_size, n, pair.device)
-    decoder.prefill(prompt[:-1])
+    decoder.prefill(prompt[:-1], room=length)
     last = prompt[-1:].to(pair.device).expand(n).clone()  # (N,)
     tokens = torch.empty(n, length, dtype=torch.long, device=pair.device)
     laws = []

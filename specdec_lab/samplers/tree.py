@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec_lab.samplers.decoder import Decoder
+from specdec_lab.samplers.decoder import HEADROOM, Decoder
 
 
 @dataclass(frozen=True)
@@ -199,10 +199,10 @@ class TreeDecoder(Decoder):
     path is :meth:`discard`-ed, so the cache again holds exactly each chain's text.
     """
 
-    def prefill_state(self, prompt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Feed the whole prompt (P,) once, share its cache across the B chains, and return the
-        logits (V,) and final hidden state (D,) at its last position."""
-        out = self.prefill(prompt, hidden=True)
+    def prefill_state(self, prompt: torch.Tensor, room: int = HEADROOM) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed the whole prompt (P,) once, share its cache across the B chains (``room``: see
+        :meth:`Decoder.prefill`), and return the logits (V,) and final hidden state (D,) at its last position."""
+        out = self.prefill(prompt, hidden=True, room=room)
         return out.logits[0, -1, : self.vocab_size].double(), out.hidden_states[-1][0, -1]
 
     def feed_tree(self, tokens: torch.Tensor, tree: Tree) -> tuple[torch.Tensor, torch.Tensor]:
