@@ -63,7 +63,8 @@ def to_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
     V = logits.shape[-1]
     if config.greedy:
         return torch.nn.functional.one_hot(logits.argmax(dim=-1), V).to(config.dtype)
-    logits = logits / config.temperature
+    if config.temperature != 1.0:  # (x / 1 == x exactly: skipping it changes nothing but the time)
+        logits = logits / config.temperature
     if config.top_k is not None and config.top_k < V:
         kth = torch.topk(logits, config.top_k, dim=-1).values[..., -1:]  # (..., 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))

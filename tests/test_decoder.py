@@ -44,8 +44,8 @@ def test_ragged_feeds_growth_and_select_match_plain_forwards(pair, prompt):
 def test_per_chain_widths_and_in_place_select_match_plain_forwards(pair, prompt):
     """Feeds where each chain fills only its first widths[b] slots (one forward per run of equal
     widths, as the speculative sampler drafts), with the batch re-sorted in place between feeds:
-    every fed chain's logits equal a plain forward of its own text, the unfilled slots stay finite
-    (they are masked, and a NaN there would poison the masked sum), and the shared prompt slots are
+    every fed chain's logits equal a plain forward of its own text, the unfilled slots are zeroed
+    (masked, but NaN garbage there would poison the masked sum), and the shared prompt slots are
     never moved."""
     gen = torch.Generator().manual_seed(7)
     B, T = 6, 4
@@ -53,6 +53,8 @@ def test_per_chain_widths_and_in_place_select_match_plain_forwards(pair, prompt)
     decoder.prefill(prompt[:-1], room=40)
     shared = decoder.cache.shared
     assert shared == prompt.numel() - 1
+    for buffer in decoder.cache.keys + decoder.cache.values:
+        buffer[:, :, shared:] = float("nan")  # what uninitialised memory may hold
     buffers = [k.data_ptr() for k in decoder.cache.keys]
     context = [prompt[:-1].clone() for _ in range(B)]
     chains = list(range(B))

@@ -13,7 +13,7 @@ model never asks the cache for lengths or offsets: its attention layers only cal
 
 A feed may give each chain its own width (how many of the T new slots it fills): with chains sorted
 by width, each run of equal widths is one forward over a contiguous range of cache rows, and the
-slots a chain does not fill stay zero and invalid. The speculative sampler uses this to draft only
+slots a chain does not fill are zeroed and invalid. The speculative sampler uses this to draft only
 as many tokens as a chain still needs.
 """
 
@@ -32,10 +32,10 @@ class SlotCache:
         heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         shape = (batch, heads, capacity, dim)
-        # zeros: a slot that a narrow feed leaves unwritten is masked, and must be finite to stay
-        # harmless (masked weight 0 × NaN garbage would still be NaN)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
+        # uninitialised: attention reads only slots [0, length), each written by a feed or zeroed by
+        # ``clear`` (a masked slot must still be finite: masked weight 0 × NaN garbage is NaN)
+        self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
+        self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
         self.length = 0
         self.shared = 0  # leading slots equal in every chain (the prompt copied by ``repeat``)
 
@@ -62,6 +62,12 @@ class SlotCache:
         self.keys[layer_idx][rows, :, self.length:end] = key_states
         self.values[layer_idx][rows, :, self.length:end] = value_states
         return self.keys[layer_idx][rows, :, :end], self.values[layer_idx][rows, :, :end]
+
+    def clear(self, rows: slice, start: int, stop: int) -> None:
+        """Zero slots [length + start, length + stop) of the chains at ``rows``: new slots a narrow
+        feed leaves unwritten (masked, but read by attention's matmuls)."""
+        for buffer in self.keys + self.values:
+            buffer[rows, :, self.length + start : self.length + stop] = 0
 
     def rows(self, rows: slice) -> "RowRange":
         return RowRange(self, rows)
@@ -110,7 +116,7 @@ def _moved(buffer: torch.Tensor, capacity: int, filled: int, batch: int | None =
     """A new (batch, H, capacity, D) buffer holding ``buffer``'s first ``filled`` slots (broadcast
     from one chain when ``batch`` is given)."""
     B, H, _, D = buffer.shape
-    out = torch.zeros(batch or B, H, capacity, D, dtype=buffer.dtype, device=buffer.device)
+    out = torch.empty(batch or B, H, capacity, D, dtype=buffer.dtype, device=buffer.device)
     out[:, :, :filled] = buffer[:, :, :filled]
     return out
 
@@ -190,14 +196,15 @@ class Decoder:
         B, T = tokens.shape
         if keep is None:
             keep = torch.ones(B, T, dtype=torch.bool, device=self.device)
-        runs = None
-        if widths is not None:
-            runs = _runs(widths)  # [(rows, width)], checked before the cache changes
+        runs = None if widths is None else _runs(widths)  # [(rows, width)], checked before the cache changes
+        if runs == [(slice(0, B), T)]:
+            runs = None  # every chain fills every slot: the plain path
+        if runs is not None:
             keep = keep & (torch.arange(T, device=self.device)[None] < widths[:, None])
         positions = self.lengths[:, None] + torch.cumsum(keep, dim=1) - keep.long()  # (B, T)
         allowed_new = torch.ones(T, T, dtype=torch.bool, device=self.device).tril()[None] & keep[:, None, :]
         self._open(T)
-        if widths is None:
+        if runs is None:
             logits = self._run(slice(None), tokens, allowed_new, positions).logits[..., : self.vocab_size]
         else:
             logits = torch.zeros(B, T, self.vocab_size, dtype=self.dtype, device=self.device)
@@ -205,6 +212,8 @@ class Decoder:
                 if w > 0:
                     out = self._run(rows, tokens[rows, :w], allowed_new[rows, :w, :w], positions[rows, :w])
                     logits[rows, :w] = out.logits[..., : self.vocab_size]
+                if w < T:
+                    self.cache.clear(rows, w, T)
         self._close(keep)
         self.passes += 1
         return logits.double()  # (B, T, V)

@@ -176,11 +176,12 @@ def _speculative_batch(pair, prompt, n, length, config, generator) -> SampleResu
         totals["full_steps"] += int(full.sum())
         totals["full_emitted_tokens"] += int((n_acc + 1)[full].sum())
 
-        # next step: drop finished chains, sort the rest by k (descending) so equal k are contiguous
-        alive = (count[rows] < length).nonzero().squeeze(1)  # (B',)
-        k_next = draft_lengths(count[rows[alive]], length, config)
-        order = alive[torch.argsort(k_next, descending=True, stable=True)]
-        k = k_next.sort(descending=True, stable=True).values
+        # next step: drop finished chains; when trimming, sort the rest by k (descending) so equal k are contiguous
+        order = (count[rows] < length).nonzero().squeeze(1)  # (B',)
+        k = draft_lengths(count[rows[order]], length, config)
+        if config.trim:
+            k, by_k = k.sort(descending=True, stable=True)
+            order = order[by_k]
         if len(order) < B or not bool((order == torch.arange(B, device=device)).all()):
             rows, last, pending, has_pending = rows[order], last[order], pending[order], has_pending[order]
             if len(rows):
