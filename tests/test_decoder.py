@@ -63,6 +63,7 @@ def test_per_chain_widths_and_in_place_select_match_plain_forwards(pair, prompt)
         widths[0] = T  # one chain fills the whole block
         tokens = torch.randint(0, pair.vocab_size, (len(chains), T), generator=gen)
         logits = decoder.feed(tokens, widths=widths)  # (B', T, V)
+        assert logits.grad_fn is None  # no autograd graph kept (it doubled the samplers' memory once)
         for row, chain in enumerate(chains):
             w = int(widths[row])
             context[chain] = torch.cat([context[chain], tokens[row, :w]])

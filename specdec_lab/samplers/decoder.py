@@ -186,6 +186,7 @@ class Decoder:
         self.cache.advance(keep.shape[1])
         self.valid = torch.cat([self.valid, keep], dim=1)
 
+    @torch.no_grad()
     def feed(self, tokens: torch.Tensor, keep: torch.Tensor | None = None,
              widths: torch.Tensor | None = None) -> torch.Tensor:
         """Append tokens (B, T) -> logits (B, T, V) float64. Slots with keep=False are padding.
