@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 from scipy import stats as sps
 
-from specdec_lab import exact, report, serving, stats, theory
+from specdec_lab import exact, plots, report, serving, stats, theory
 from specdec_lab.collect import collect
 from specdec_lab.sampling import SamplingConfig, make_generator, to_probs
 from specdec_lab.samplers.faulty import FAULTY
@@ -632,42 +632,79 @@ def implied_alpha_table(ks=(3, 4, 5, 6)) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def calibrator_view(alpha: float, k: int, c: float, hardware: str = "manual c", target: str = "llama-70b",
+MANUAL_C = "manual c"  # the calibrator's hardware choice that keeps the c slider's value
+
+
+def calibrator_view(alpha: float, k: int, c: float, hardware: str = MANUAL_C, target: str = "llama-70b",
                     draft: str = "llama-1b", k_max: int = 12):
-    """The speedup curve over K at (α, c), with K marked, and one summary line.
+    """What the calibrator shows for (α, K, c): the speedup curve over K = 0..k_max with K in red,
+    one summary line, and the speedup table.
 
     ``hardware`` other than "manual c" replaces c by the roofline ratio of ``draft`` to ``target`` on it.
-    Returns (figure, summary text).
+    Returns (figure, summary text, :func:`specdec_lab.theory.speedup_table` at the c used).
+
+    >>> fig, text, table = calibrator_view(0.75, 4, 0.05)
+    >>> text
+    'K = 4: 3.05 tokens per target pass, speedup 2.54×. Best K = 7: 2.67×. c = 0.0500 (slider).'
+    >>> int(table.loc[table.best, "K"].iloc[0])
+    7
     """
-    if hardware != "manual c":
+    source = "slider"
+    if hardware != MANUAL_C:
         c = theory.draft_cost_ratio(target, draft, hardware)
+        source = f"roofline of {draft} against {target} on {hardware}, batch 1"
     table = theory.speedup_table(alpha, c, k_max)
-    fig = report.plot_speedup(table, title=f"α = {alpha:.2f}, c = {c:.4f}")
-    fig.axes[0].axvline(k, color="red", linewidth=1)
+    fig = plots.speedup(table, k=k, title=f"Expected speedup at α = {alpha:.2f}, c = {c:.4f}")
     best = int(table.loc[table["best"], "K"].iloc[0])
     text = (f"K = {k}: {theory.expected_tokens_per_pass(alpha, k):.2f} tokens per target pass, speedup "
-            f"{theory.expected_speedup(alpha, k, c):.2f}× (best K = {best}: {theory.expected_speedup(alpha, best, c):.2f}×)")
-    return fig, text
+            f"{theory.expected_speedup(alpha, k, c):.2f}×. Best K = {best}: "
+            f"{theory.expected_speedup(alpha, best, c):.2f}×. c = {c:.4f} ({source}).")
+    return fig, text, table
+
+
+def speedup_styler(table: pd.DataFrame, k: int):
+    """The speedup table as the calibrator shows it: one column per K, best K in bold green,
+    the chosen K shaded red."""
+    wide = table.set_index("K")[["tokens/pass", "speedup"]].rename(columns={"speedup": "speedup ×"}).T
+    best = int(table.loc[table["best"], "K"].iloc[0])
+
+    def mark(column):
+        style = "background-color: #fde0dd;" if column.name == k else ""
+        style += " font-weight: bold; color: #1a7f37;" if column.name == best else ""
+        return [style] * len(column)
+
+    return wide.style.format("{:.3f}").apply(mark, axis=0).set_caption("K = draft tokens per target pass")
+
+
+C_CHOICES = (0.001, 0.002, 0.003, 0.005, 0.007, 0.01, 0.015, 0.02, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2, 0.3, 0.5,
+             0.7, 1.0)  # the calibrator's c slider: round values on a log-like scale (a 70B/1B pair is ~0.02)
 
 
 def calibrator(alpha: float = 0.75, k: int = 4, c: float = 0.05):
-    """ipywidgets sliders (α, K, c, hardware) over :func:`calibrator_view`."""
+    """ipywidgets controls (α, K, c, hardware) over :func:`calibrator_view`: the summary line, the
+    speedup table and the curve. Picking a hardware takes c from the roofline and greys the c slider out."""
     import ipywidgets as widgets
-    import matplotlib.pyplot as plt
     from IPython.display import display
 
-    def show(alpha, k, c, hardware):
-        fig, text = calibrator_view(alpha, k, c, hardware)
-        print(text)
-        display(fig)
-        plt.close(fig)
-
-    return widgets.interactive(
-        show,
+    controls = dict(
         alpha=widgets.FloatSlider(value=alpha, min=0.0, max=0.99, step=0.01, description="α"),
         k=widgets.IntSlider(value=k, min=1, max=12, description="K"),
-        c=widgets.FloatLogSlider(value=c, base=10, min=-3, max=0, step=0.05, description="c"),
-        hardware=widgets.Dropdown(options=["manual c", *theory.HARDWARE], description="hardware"))
+        c=widgets.SelectionSlider(options=sorted({*C_CHOICES, c}), value=c, description="c"),
+        hardware=widgets.Dropdown(options=[MANUAL_C, *theory.HARDWARE], description="hardware"))
+
+    def show(alpha, k, c, hardware):
+        controls["c"].disabled = hardware != MANUAL_C
+        fig, text, table = calibrator_view(alpha, k, c, hardware)
+        print(text)
+        display(speedup_styler(table, k))
+        display(fig)
+
+    return widgets.interactive(show, **controls)
+
+
+def token_strings(pair) -> list[str]:
+    """Every token of the pair's vocabulary as an axis label (:func:`specdec_lab.plots.token_label`)."""
+    return [plots.token_label(pair.decode([i])) for i in range(pair.vocab_size)]
 
 
 # ------------------------------------------------------------------- serving (notebook 08)

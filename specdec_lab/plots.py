@@ -1,13 +1,17 @@
 """Seaborn figures shared by the report (saved as PNG) and the notebooks (shown inline).
 
-Every function returns a :class:`matplotlib.figure.Figure` and leaves the backend alone: in
-Jupyter the inline backend shows it, on a headless machine matplotlib picks Agg by itself, and
-:func:`save` writes it to a file. Functions take plain arrays and data frames, never models.
+Every function returns a :class:`matplotlib.figure.Figure` already closed in pyplot: a notebook
+cell that ends with the call shows it exactly once (an open pyplot figure is shown twice in
+Jupyter: once by the inline backend at the end of the cell, once as the cell's value), and
+:func:`save` writes it to a file on any machine. Functions take plain arrays and data frames, never models;
+token axes take the vocabulary's strings (:func:`token_label` makes whitespace visible).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import textwrap
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -24,8 +28,41 @@ def save(fig: Figure, path: Path | str, dpi: int = 110) -> Path:
 
 
 def _new(figsize) -> tuple[Figure, plt.Axes]:
-    fig, ax = plt.subplots(figsize=figsize)
-    return fig, ax
+    fig, axes = _grid(1, 1, figsize)
+    return fig, axes[0, 0]
+
+
+def _grid(rows: int, cols: int, figsize, **kwargs) -> tuple[Figure, np.ndarray]:
+    """A figure made by pyplot (so Jupyter's inline backend knows how to show it) and closed at once
+    (so the backend does not show it a second time at the end of the cell)."""
+    fig, axes = plt.subplots(rows, cols, figsize=figsize, squeeze=False, **kwargs)
+    plt.close(fig)
+    return fig, axes
+
+
+def _wrap(text: str, width: float, fontsize: float = 12) -> str:
+    """``text`` broken into lines that fit ``width`` inches at ``fontsize`` points (so no title is cut)."""
+    return textwrap.fill(text, max(20, int(width * 72 / (0.55 * fontsize))))
+
+
+def token_label(text: str) -> str:
+    """A token's text as an axis label: spaces as ␣, newlines as ↵, tabs as ⇥, nothing as ∅.
+
+    >>> token_label(" the"), token_label("\\n"), token_label("")
+    ('␣the', '↵', '∅')
+    """
+    return text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥") or "∅"
+
+
+def _token_axis(ax, order: np.ndarray, tokens, xlabel: str = "token, most likely under p first") -> None:
+    """Tick labels of a token axis: the tokens' strings when given, else their rank under p."""
+    x = np.arange(len(order))
+    if tokens is None:
+        ax.set_xticks(x[::max(1, len(x) // 10)])
+        ax.set_xlabel("token rank under p")
+        return
+    ax.set_xticks(x, [tokens[i] for i in order], rotation=90, fontsize=10)
+    ax.set_xlabel(xlabel)
 
 
 def tv_bounds(summary: pd.DataFrame, tolerance: float) -> Figure:
@@ -34,30 +71,37 @@ def tv_bounds(summary: pd.DataFrame, tolerance: float) -> Figure:
     ``summary`` needs the columns ``sampler``, ``TV upper 99%`` and ``expected``
     (:func:`specdec_lab.report.summary_table`).
     """
-    fig, ax = _new((8, 0.45 * len(summary) + 1.5))
+    fig, ax = _new((9, 0.45 * len(summary) + 1.8))
     sns.barplot(data=summary, y="sampler", x="TV upper 99%", hue="expected", dodge=False, ax=ax)
     ax.axvline(tolerance, color="black", linestyle="--", label=f"ε = {tolerance:g}")
     ax.set_xscale("log")
-    ax.set_title("Upper 99% confidence bound on TV(sampler, target), first token")
+    ax.set_ylabel("")
+    ax.set_title(_wrap("Upper 99% confidence bound on TV(sampler, target), first token", 6))
     ax.legend(loc="lower right")
     fig.tight_layout()
     return fig
 
 
-def first_token(laws: dict[str, np.ndarray], exact: np.ndarray, top: int = 25) -> Figure:
-    """Empirical first-token frequencies of several samplers next to the exact target law."""
+def first_token(laws: dict[str, np.ndarray], exact: np.ndarray, top: int = 25, tokens=None) -> Figure:
+    """Empirical first-token frequencies of several samplers next to the exact target law, over the
+    ``top`` most likely tokens (labelled by ``tokens[i]``, the vocabulary's strings, when given)."""
     order = np.argsort(exact)[::-1][:top]
-    rows = [{"token rank": r, "probability": exact[i], "source": "exact target p"} for r, i in enumerate(order)]
-    for name, freq in laws.items():
-        rows += [{"token rank": r, "probability": freq[i], "source": name} for r, i in enumerate(order)]
-    fig, ax = _new((10, 4))
-    sns.lineplot(data=pd.DataFrame(rows), x="token rank", y="probability", hue="source", marker="o", ax=ax)
-    ax.set_title(f"First-token law: {top} most likely target tokens")
+    x = np.arange(len(order))
+    fig, ax = _new((11, 4.8))
+    ax.plot(x, exact[order], color="black", linewidth=3, alpha=0.35, label="exact target p", zorder=1)
+    markers = "os^Dvx*P"
+    for i, (name, freq) in enumerate(laws.items()):
+        ax.plot(x, np.asarray(freq)[order], marker=markers[i % len(markers)], linestyle="none",
+                color=sns.color_palette()[i % 10], label=name, zorder=2)
+    _token_axis(ax, order, tokens)
+    ax.set_ylabel("probability")
+    ax.set_title(f"First token: sampled frequencies against the exact target law ({len(order)} most likely tokens)")
+    ax.legend(fontsize=10)
     fig.tight_layout()
     return fig
 
 
-def observed_vs_expected(counts: np.ndarray, p: np.ndarray, top: int = 30) -> Figure:
+def observed_vs_expected(counts: np.ndarray, p: np.ndarray, top: int = 30, tokens=None) -> Figure:
     """Observed counts against expected counts m·p for the ``top`` most likely tokens, with a
     ±2 standard deviation band (binomial), so a reader sees which bars are within noise."""
     counts = np.asarray(counts, dtype=np.float64)
@@ -65,11 +109,11 @@ def observed_vs_expected(counts: np.ndarray, p: np.ndarray, top: int = 30) -> Fi
     order = np.argsort(p)[::-1][:top]
     expected = m * p[order]
     sd = np.sqrt(m * p[order] * (1 - p[order]))
-    fig, ax = _new((10, 4))
+    fig, ax = _new((11, 4.8))
     x = np.arange(len(order))
     ax.bar(x, counts[order], color=sns.color_palette()[0], label="observed")
     ax.errorbar(x, expected, yerr=2 * sd, fmt="o", color="black", capsize=3, label="expected m·p ± 2 sd")
-    ax.set_xlabel("token rank under p")
+    _token_axis(ax, order, tokens)
     ax.set_ylabel("count")
     ax.set_title(f"First token: observed vs expected (m = {int(m):,})")
     ax.legend()
@@ -79,34 +123,35 @@ def observed_vs_expected(counts: np.ndarray, p: np.ndarray, top: int = 30) -> Fi
 
 def pit(pits: dict[str, np.ndarray], bins: int = 20) -> Figure:
     """Randomized PIT histograms: flat for a lossless sampler."""
-    cols = min(4, len(pits))
+    cols = min(3, len(pits))
     rows = -(-len(pits) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.4 * rows), squeeze=False, sharey=True)
+    fig, axes = _grid(rows, cols, (4.2 * cols, 3.0 * rows + 0.8), sharey=True)
     for ax, (name, u) in zip(axes.flat, pits.items()):
         sns.histplot(x=np.asarray(u).ravel(), bins=bins, stat="density", ax=ax)
         ax.axhline(1.0, color="black", linestyle="--")
-        ax.set_title(name, fontsize=8)
+        ax.set_title(_wrap(name, 4.0, 11), fontsize=11)
         ax.set_xlabel("u")
     for ax in list(axes.flat)[len(pits):]:
         ax.set_visible(False)
-    fig.suptitle("Randomized PIT of every sampled token under the exact target law (flat = lossless)")
+    fig.suptitle(_wrap("Randomized PIT of every sampled token under the exact target law (flat = lossless)",
+                       4.2 * cols))
     fig.tight_layout()
     return fig
 
 
 def step_decomposition(p: np.ndarray, q: np.ndarray, kept: np.ndarray, replaced: np.ndarray,
-                       top: int = 20) -> Figure:
+                       top: int = 20, tokens=None) -> Figure:
     """One verification step on a real distribution: accepted-draft mass min(p, q) stacked under
     the residual mass ρ·norm((p − q)+); together they rebuild p (black ticks); q shown as dots."""
     order = np.argsort(p)[::-1][:top]
     x = np.arange(len(order))
     colors = sns.color_palette()
-    fig, ax = _new((10, 4))
+    fig, ax = _new((11, 4.8))
     ax.bar(x, kept[order], color=colors[0], label="kept draft: min(p, q)")
     ax.bar(x, replaced[order], bottom=kept[order], color=colors[1], label="residual: ρ · norm((p − q)+)")
     ax.scatter(x, p[order], marker="_", s=300, color="black", label="target p", zorder=3)
     ax.scatter(x, q[order], marker="o", color=colors[2], label="draft q", zorder=3)
-    ax.set_xlabel("token rank under p")
+    _token_axis(ax, order, tokens)
     ax.set_ylabel("probability")
     ax.set_title("Modified rejection sampling, one step: the two parts add up to p")
     ax.legend()
@@ -121,11 +166,13 @@ def exact_tv(table: pd.DataFrame) -> Figure:
     """
     frame = table.assign(kind=np.where(table["lossless"], "lossless rule", "negative control"),
                          shown=np.maximum(table["exact TV"].to_numpy(dtype=float), 1e-18))
-    fig, ax = _new((8, 0.4 * len(frame) + 1.5))
+    fig, ax = _new((9, 0.4 * len(frame) + 1.8))
     sns.barplot(data=frame, y="rule", x="shown", hue="kind", dodge=False, ax=ax)
     ax.set_xscale("log")
     ax.set_xlabel("exact TV(rule's law, p) over the first two tokens")
-    ax.set_title("The theorem by enumeration: ~1e-16 for lossless rules, far from 0 for the bugs")
+    ax.set_ylabel("")
+    ax.set_title(_wrap("The theorem by enumeration: ~1e-16 for lossless rules, far from 0 for the bugs", 6))
+    ax.legend(loc="lower right")
     fig.tight_layout()
     return fig
 
@@ -137,11 +184,12 @@ def tv_bound_path(frame: pd.DataFrame, tolerance: float) -> Figure:
     """
     long = frame.melt(id_vars="m", value_vars=["TV plug-in", "TV upper"], var_name="estimate",
                       value_name="TV")
-    fig, ax = _new((7, 4))
+    fig, ax = _new((8, 4.5))
     sns.lineplot(data=long, x="m", y="TV", hue="estimate", marker="o", ax=ax)
     ax.axhline(tolerance, color="black", linestyle="--", label=f"ε = {tolerance:g}")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    ax.set_xlabel("samples m")
     ax.set_title("How the TV bound shrinks with the sample size m")
     ax.legend()
     fig.tight_layout()
@@ -155,7 +203,7 @@ def power_curves(frame: pd.DataFrame) -> Figure:
     ``planner (worst case)`` (:func:`specdec_lab.notebook.power_curve`).
     """
     names = list(dict.fromkeys(frame["alternative"]))
-    fig, axes = plt.subplots(1, len(names), figsize=(5.5 * len(names), 4), squeeze=False, sharey=True)
+    fig, axes = _grid(1, len(names), (5.5 * len(names), 4.6), sharey=True)
     for ax, name in zip(axes.flat, names):
         part = frame[frame["alternative"] == name]
         ax.errorbar(part["m"], part["simulated"], yerr=2 * part["se"], fmt="o", color="black",
@@ -164,9 +212,9 @@ def power_curves(frame: pd.DataFrame) -> Figure:
         ax.plot(part["m"], part["planner (worst case)"], linestyle="--", label="planner, worst case at this TV")
         ax.set_xscale("log")
         ax.set_xlabel("samples m")
-        ax.set_title(name, fontsize=9)
+        ax.set_title(_wrap(name, 5.0, 11), fontsize=11)
     axes.flat[0].set_ylabel("power (rejection rate)")
-    axes.flat[0].legend(fontsize=8)
+    axes.flat[0].legend(fontsize=10)
     fig.suptitle("Power of the Pearson identity test: simulation vs prediction")
     fig.tight_layout()
     return fig
@@ -174,13 +222,13 @@ def power_curves(frame: pd.DataFrame) -> Figure:
 
 def pvalue_histograms(pvalues: dict[str, np.ndarray], bins: int = 10) -> Figure:
     """Histograms of replicate p-values: flat for a correct sampler, piled at 0 for a faulty one."""
-    fig, axes = plt.subplots(1, len(pvalues), figsize=(4 * len(pvalues), 3), squeeze=False)
+    fig, axes = _grid(1, len(pvalues), (4.5 * len(pvalues), 3.6))
     for ax, (name, pv) in zip(axes.flat, pvalues.items()):
         sns.histplot(x=np.asarray(pv), bins=bins, binrange=(0, 1), stat="density", ax=ax)
         ax.axhline(1.0, color="black", linestyle="--")
-        ax.set_title(name, fontsize=9)
+        ax.set_title(_wrap(name, 4.0, 11), fontsize=11)
         ax.set_xlabel("p-value")
-    fig.suptitle("p-values over independent replicates")
+    fig.suptitle("p-values over independent replicates (flat = calibrated)")
     fig.tight_layout()
     return fig
 
@@ -192,7 +240,7 @@ def roofline(hardware: dict[str, tuple[float, float]], points: pd.DataFrame) -> 
     ``hardware`` maps a name to (bandwidth bytes/s, peak FLOP/s); ``points`` needs the columns
     ``hardware``, ``batch``, ``FLOP per byte`` and ``FLOP/s attained`` (:func:`specdec_lab.notebook.batch_sweep`).
     """
-    fig, ax = _new((8, 5))
+    fig, ax = _new((9, 5.5))
     intensity = np.logspace(-1, 4, 200)
     palette = dict(zip(hardware, sns.color_palette(n_colors=len(hardware))))
     for name, (bandwidth, peak) in hardware.items():
@@ -200,14 +248,14 @@ def roofline(hardware: dict[str, tuple[float, float]], points: pd.DataFrame) -> 
     for name, part in points.groupby("hardware", sort=False):
         ax.scatter(part["FLOP per byte"], part["FLOP/s attained"], color=palette.get(name, "black"), zorder=3)
         for _, row in part.iterrows():
-            ax.annotate(f"B={int(row['batch'])}", (row["FLOP per byte"], row["FLOP/s attained"]), fontsize=7,
-                        textcoords="offset points", xytext=(4, -8))
+            ax.annotate(f"B={int(row['batch'])}", (row["FLOP per byte"], row["FLOP/s attained"]), fontsize=9,
+                        textcoords="offset points", xytext=(5, -10))
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP per byte moved)")
     ax.set_ylabel("attainable FLOP/s")
-    ax.set_title("Roofline: decoding at batch B sits on the bandwidth slope until B is large")
-    ax.legend(fontsize=8)
+    ax.set_title(_wrap("Roofline: decoding at batch B sits on the bandwidth slope until B is large", 7.5))
+    ax.legend(title="hardware")
     fig.tight_layout()
     return fig
 
@@ -217,14 +265,34 @@ def batch_sweep(frame: pd.DataFrame) -> Figure:
 
     ``frame`` from :func:`specdec_lab.notebook.batch_sweep`.
     """
-    fig, ax = _new((8, 4.5))
-    sns.lineplot(data=frame, x="batch", y="tokens/s ≤", hue="hardware", ax=ax)
-    sns.scatterplot(data=frame, x="batch", y="tokens/s ≤", hue="hardware", style="bound", ax=ax, legend="brief")
+    fig, ax = _new((9, 5))
+    sns.lineplot(data=frame, x="batch", y="tokens/s ≤", hue="hardware", legend=False, ax=ax)
+    sns.scatterplot(data=frame, x="batch", y="tokens/s ≤", hue="hardware", style="bound", s=60, ax=ax)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_title("Tokens/s bound against batch size: linear while memory-bound, flat once compute-bound")
-    handles, labels = ax.get_legend_handles_labels()
-    ax.legend(handles[len(handles) // 2:], labels[len(labels) // 2:], fontsize=7)
+    ax.set_ylabel("tokens/s (upper bound)")
+    ax.set_title(_wrap("Tokens/s bound against batch size: linear while memory-bound, flat once compute-bound", 7.5))
+    sns.move_legend(ax, "upper left")
+    fig.tight_layout()
+    return fig
+
+
+def speedup(table: pd.DataFrame, k: int | None = None, title: str = "") -> Figure:
+    """Speedup over K from :func:`specdec_lab.theory.speedup_table` (and a ``roofline speedup``
+    column, if present), the best K marked, 1× (no speculation) as a line, and ``k`` (the K chosen)
+    in red when given."""
+    value_columns = [c for c in ("speedup", "roofline speedup") if c in table]
+    long = table.melt(id_vars="K", value_vars=value_columns, var_name="model", value_name="speedup ×")
+    fig, ax = _new((8, 4.5))
+    sns.lineplot(data=long, x="K", y="speedup ×", hue="model", marker="o", ax=ax)
+    best = table.loc[table["best"]].iloc[0]
+    ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label="no speculation")
+    ax.axvline(best["K"], color="grey", linestyle=":", linewidth=2, label=f"best K = {int(best['K'])}")
+    if k is not None:
+        ax.axvline(k, color="red", linewidth=1.5, label=f"your K = {k}")
+    ax.set_xticks(table["K"])
+    ax.set_title(_wrap(title or "Expected wall-clock speedup (1 − α^{K+1}) / ((1 − α)(Kc + 1))", 6.5))
+    ax.legend(loc="best")
     fig.tight_layout()
     return fig
 
@@ -256,18 +324,22 @@ def tree(parents, ranks, labels=None, title: str = "") -> Figure:
             x[node] = float(np.mean([x[c] for c in children[node]]))
 
     place(0)
-    fig, ax = _new((max(6, 0.7 * next_leaf[0] + 2), 0.9 * max(depth) + 1.8))
+    fig, ax = _new((max(7, 1.1 * next_leaf[0] + 2), 1.1 * max(depth) + 2.0))
     for node in range(1, n):
         ax.plot([x[parents[node]], x[node]], [-depth[parents[node]], -depth[node]], color="grey", zorder=1)
     colors = sns.color_palette()
-    ax.scatter(x, [-d for d in depth], s=500, color=[colors[1]] + [colors[0]] * (n - 1), zorder=2)
+    ax.scatter(x, [-d for d in depth], s=1400, color=[colors[1]] + [colors[0]] * (n - 1), zorder=2)
     for node in range(n):
         text = "root" if node == 0 else (labels[node] if labels is not None else f"r{ranks[node]}")
-        ax.annotate(text, (x[node], -depth[node]), ha="center", va="center", fontsize=7, color="white", zorder=3)
+        ax.annotate(text, (x[node], -depth[node]), ha="center", va="center", fontsize=10, color="white",
+                    fontweight="bold", zorder=3)
+        if node > 0:
+            ax.annotate(f"r{ranks[node]}", (x[node], -depth[node]), textcoords="offset points", xytext=(0, 22),
+                        ha="center", fontsize=8, color="dimgrey", zorder=3)
     ax.set_yticks([-d for d in range(max(depth) + 1)], [f"depth {d}" for d in range(max(depth) + 1)])
     ax.set_xticks([])
-    ax.set_title(title or f"candidate tree: {n - 1} nodes, depth {max(depth)} (r = candidate rank)", fontsize=10)
-    ax.margins(0.15)
+    ax.set_title(title or f"candidate tree: {n - 1} nodes, depth {max(depth)} (r = candidate rank)")
+    ax.margins(0.12, 0.25)
     fig.tight_layout()
     return fig
 
@@ -276,13 +348,14 @@ def typical_heatmap(grid: pd.DataFrame) -> Figure:
     """Exact TV of Medusa typical acceptance against p over ε (rows) and α (columns), one panel per
     temperature. ``grid`` from :func:`specdec_lab.notebook.typical_tv_grid`."""
     temperatures = sorted(grid["temperature"].unique())
-    fig, axes = plt.subplots(1, len(temperatures), figsize=(5 * len(temperatures), 4), squeeze=False)
+    fig, axes = _grid(1, len(temperatures), (5.5 * len(temperatures), 4.6))
     for ax, temperature in zip(axes.flat, temperatures):
         table = grid[grid["temperature"] == temperature].pivot(index="epsilon", columns="alpha", values="tv")
         sns.heatmap(table, annot=True, fmt=".2f", cmap="rocket_r", vmin=0, vmax=float(grid["tv"].max()), ax=ax)
         ax.set_title(f"T = {temperature:g}: TV(typical, p), first token")
         ax.set_xlabel("α (entropy-scaled threshold)")
         ax.set_ylabel("ε (hard threshold)")
-    fig.suptitle("Medusa typical acceptance is lossy: exact TV from the target law (0 = lossless)")
+    fig.suptitle(_wrap("Medusa typical acceptance is lossy: exact TV from the target law (0 = lossless)",
+                       5.5 * len(temperatures)))
     fig.tight_layout()
     return fig

@@ -67,26 +67,11 @@ def plot_pit(pits: dict[str, np.ndarray], path: Path, bins: int = 20) -> None:
 
 
 def plot_speedup(table: pd.DataFrame, path: Path | str | None = None, title: str = ""):
-    """Speedup over K from :func:`specdec_lab.theory.speedup_table` (and a ``roofline speedup``
-    column, if present), the best K marked and 1× (no speculation) as a line.
+    """:func:`specdec_lab.plots.speedup` of a :func:`specdec_lab.theory.speedup_table`.
 
     Returns the figure; with ``path`` it is also written there and closed.
     """
-    import matplotlib.pyplot as plt
-    import seaborn as sns
-
-    value_columns = [c for c in ("speedup", "roofline speedup") if c in table]
-    long = table.melt(id_vars="K", value_vars=value_columns, var_name="model", value_name="speedup ×")
-    fig, ax = plt.subplots(figsize=(7, 4))
-    sns.lineplot(data=long, x="K", y="speedup ×", hue="model", marker="o", ax=ax)
-    best = table.loc[table["best"]].iloc[0]
-    ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label="no speculation")
-    ax.axvline(best["K"], color="grey", linestyle=":", label=f"best K = {int(best['K'])}")
-    ax.set_xticks(table["K"])
-    ax.set_title(title or "Expected wall-clock speedup (1 − α^{K+1}) / ((1 − α)(Kc + 1))")
-    ax.legend()
-    fig.tight_layout()
+    fig = plots.speedup(table, title=title)
     if path is not None:
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
+        plots.save(fig, path)
     return fig
