@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: verify test bench train train-medusa clean-venv notebooks lab
+.PHONY: verify test bench train train-medusa clean-venv notebooks lab browser
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -44,9 +44,18 @@ notebooks: $(STAMP)
 	SPECDEC_LAB_SCALE=full $(BIN)/jupyter nbconvert --to html --execute --ExecutePreprocessor.timeout=3600 \
 		--output-dir reports/notebooks $(NOTEBOOKS)
 
-# JupyterLab on notebooks/, ready to run (scale ci unless SPECDEC_LAB_SCALE is set).
+# JupyterLab on notebooks/, ready to run (scale ci unless SPECDEC_LAB_SCALE is set): the kernel
+# "Python 3 (ipykernel)" the notebooks name is registered to this environment's Python, ipywidgets'
+# lab extension comes with requirements.txt, and the lab opens on notebook 01. LAB_ARGS adds options.
 lab: $(STAMP)
-	$(BIN)/jupyter lab --notebook-dir=notebooks
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (ipykernel)" >/dev/null
+	cd notebooks && ../$(BIN)/jupyter lab 01_memory_wall.ipynb $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
+
+# Every notebook run in JupyterLab in headless Chromium, the calibrator's controls moved and checked
+# (tests/test_browser.py, part of `make test`); keeps a screenshot of each figure and of the calibrator
+# before and after the moves under reports/browser/ (about 4 min on 2 idle cores).
+browser: $(STAMP)
+	SPECDEC_LAB_SCREENSHOTS=reports/browser $(BIN)/python -m pytest -q tests/test_browser.py $(PYTEST_ARGS)
 
 # Target, draft, then the Medusa heads of the new target (train.py rewrites manifest.json; the heads'
 # step adds its entry back, so the manifest always describes the heads that match the target).

@@ -769,7 +769,8 @@ def medusa_contexts(pair, prompts: list[str], chains: int, positions: int, seed:
 def tree_labels(pair, heads, prompt_ids: torch.Tensor, tree) -> list[str]:
     """Node labels for :func:`specdec_lab.plots.tree`: the root token and each node's top-k candidate."""
     nodes, _, _ = exact.medusa_tree_at(pair, heads, prompt_ids, tree)
-    return [repr(pair.decode(prompt_ids[-1:].tolist()))] + [repr(pair.decode([t])) for t in nodes.tolist()]
+    return [plots.token_label(pair.decode(prompt_ids[-1:].tolist()))] + [plots.token_label(pair.decode([t]))
+                                                                       for t in nodes.tolist()]
 
 
 def medusa_exact_table(pair, heads, contexts, tree, settings: dict) -> pd.DataFrame:

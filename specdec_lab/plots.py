@@ -42,7 +42,24 @@ def _grid(rows: int, cols: int, figsize, **kwargs) -> tuple[Figure, np.ndarray]:
 
 def _wrap(text: str, width: float, fontsize: float = 12) -> str:
     """``text`` broken into lines that fit ``width`` inches at ``fontsize`` points (so no title is cut)."""
-    return textwrap.fill(text, max(20, int(width * 72 / (0.55 * fontsize))))
+    return textwrap.fill(text, max(20, int(width * 72 / (0.55 * fontsize))), break_on_hyphens=False)
+
+
+def _plain_ticks(ax) -> None:
+    """Log axes labelled 0.02, 0.05, 1,000 rather than 2×10⁻², 5×10⁻², 10³: every power of ten, and
+    the minor ticks at 2× and 5× (enough to read values off, few enough not to collide)."""
+    from matplotlib.ticker import FuncFormatter
+
+    def plain(v):
+        return f"{v:,.0f}" if v >= 1 else f"{v:g}"
+
+    def two_or_five(v, _):
+        return plain(v) if round(v / 10 ** np.floor(np.log10(v) + 1e-9)) in (2, 5) else ""
+
+    for axis in (ax.xaxis, ax.yaxis):
+        if axis.get_scale() == "log":
+            axis.set_major_formatter(FuncFormatter(lambda v, _: plain(v)))
+            axis.set_minor_formatter(FuncFormatter(two_or_five))
 
 
 def token_label(text: str) -> str:
@@ -77,7 +94,7 @@ def tv_bounds(summary: pd.DataFrame, tolerance: float) -> Figure:
     ax.set_xscale("log")
     ax.set_ylabel("")
     ax.set_title(_wrap("Upper 99% confidence bound on TV(sampler, target), first token", 6))
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3, frameon=False)
     fig.tight_layout()
     return fig
 
@@ -87,7 +104,7 @@ def first_token(laws: dict[str, np.ndarray], exact: np.ndarray, top: int = 25, t
     ``top`` most likely tokens (labelled by ``tokens[i]``, the vocabulary's strings, when given)."""
     order = np.argsort(exact)[::-1][:top]
     x = np.arange(len(order))
-    fig, ax = _new((11, 4.8))
+    fig, ax = _new((10, 4.6))
     ax.plot(x, exact[order], color="black", linewidth=3, alpha=0.35, label="exact target p", zorder=1)
     markers = "os^Dvx*P"
     for i, (name, freq) in enumerate(laws.items()):
@@ -109,7 +126,7 @@ def observed_vs_expected(counts: np.ndarray, p: np.ndarray, top: int = 30, token
     order = np.argsort(p)[::-1][:top]
     expected = m * p[order]
     sd = np.sqrt(m * p[order] * (1 - p[order]))
-    fig, ax = _new((11, 4.8))
+    fig, ax = _new((10, 4.6))
     x = np.arange(len(order))
     ax.bar(x, counts[order], color=sns.color_palette()[0], label="observed")
     ax.errorbar(x, expected, yerr=2 * sd, fmt="o", color="black", capsize=3, label="expected m·p ± 2 sd")
@@ -146,7 +163,7 @@ def step_decomposition(p: np.ndarray, q: np.ndarray, kept: np.ndarray, replaced:
     order = np.argsort(p)[::-1][:top]
     x = np.arange(len(order))
     colors = sns.color_palette()
-    fig, ax = _new((11, 4.8))
+    fig, ax = _new((10, 4.6))
     ax.bar(x, kept[order], color=colors[0], label="kept draft: min(p, q)")
     ax.bar(x, replaced[order], bottom=kept[order], color=colors[1], label="residual: ρ · norm((p − q)+)")
     ax.scatter(x, p[order], marker="_", s=300, color="black", label="target p", zorder=3)
@@ -172,7 +189,7 @@ def exact_tv(table: pd.DataFrame) -> Figure:
     ax.set_xlabel("exact TV(rule's law, p) over the first two tokens")
     ax.set_ylabel("")
     ax.set_title(_wrap("The theorem by enumeration: ~1e-16 for lossless rules, far from 0 for the bugs", 6))
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, frameon=False)
     fig.tight_layout()
     return fig
 
@@ -189,6 +206,7 @@ def tv_bound_path(frame: pd.DataFrame, tolerance: float) -> Figure:
     ax.axhline(tolerance, color="black", linestyle="--", label=f"ε = {tolerance:g}")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    _plain_ticks(ax)
     ax.set_xlabel("samples m")
     ax.set_title("How the TV bound shrinks with the sample size m")
     ax.legend()
@@ -247,14 +265,15 @@ def roofline(hardware: dict[str, tuple[float, float]], points: pd.DataFrame) -> 
         ax.plot(intensity, np.minimum(peak, intensity * bandwidth), color=palette[name], label=name)
     for name, part in points.groupby("hardware", sort=False):
         ax.scatter(part["FLOP per byte"], part["FLOP/s attained"], color=palette.get(name, "black"), zorder=3)
-        for _, row in part.iterrows():
-            ax.annotate(f"B={int(row['batch'])}", (row["FLOP per byte"], row["FLOP/s attained"]), fontsize=9,
-                        textcoords="offset points", xytext=(5, -10))
+    for batch, part in points.groupby("batch"):  # one label per batch, above its highest point
+        top = part.loc[part["FLOP/s attained"].idxmax()]
+        ax.annotate(f"B = {int(batch)}", (top["FLOP per byte"], top["FLOP/s attained"]), fontsize=10,
+                    textcoords="offset points", xytext=(0, 9), ha="center")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP per byte moved)")
     ax.set_ylabel("attainable FLOP/s")
-    ax.set_title(_wrap("Roofline: decoding at batch B sits on the bandwidth slope until B is large", 7.5))
+    ax.set_title(_wrap("Roofline: decoding at batch B sits on the bandwidth slope until B is large", 8.2))
     ax.legend(title="hardware")
     fig.tight_layout()
     return fig
@@ -270,8 +289,11 @@ def batch_sweep(frame: pd.DataFrame) -> Figure:
     sns.scatterplot(data=frame, x="batch", y="tokens/s ≤", hue="hardware", style="bound", s=60, ax=ax)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    _plain_ticks(ax)
+    batches = sorted(frame["batch"].unique())
+    ax.set_xticks(batches, [f"{b:,}" for b in batches])
     ax.set_ylabel("tokens/s (upper bound)")
-    ax.set_title(_wrap("Tokens/s bound against batch size: linear while memory-bound, flat once compute-bound", 7.5))
+    ax.set_title(_wrap("Tokens/s bound against batch size: linear while memory-bound, flat once compute-bound", 8.2))
     sns.move_legend(ax, "upper left")
     fig.tight_layout()
     return fig

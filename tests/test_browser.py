@@ -35,12 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import playwright.sync_api as playwright
 import pytest
 
-playwright = pytest.importorskip("playwright.sync_api", reason="Playwright for Python: make installs it "
-                                                               "from requirements-browser.txt")
-
-from specdec_lab import notebook, theory  # noqa: E402
+from specdec_lab import notebook, theory
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
@@ -52,6 +50,7 @@ CHROMIUM_ARGS = [  # a closed network: without the background-networking flags C
 PARALLEL = int(os.environ.get("SPECDEC_LAB_BROWSER_PARALLEL", "2"))
 NOTEBOOK_TIMEOUT_S = 600  # one notebook, all cells (ci scale: 4-70 s each on 2 idle cores)
 CALIBRATOR = "06_speedup_calibrator.ipynb"
+LONGEST = "05_negative_controls_and_power.ipynb"  # ≈ 1 min at ci scale, twice any other
 K_MAX = 12  # the calibrator's table and plot span K = 0..12
 
 # User settings of the test's lab (JUPYTERLAB_SETTINGS_DIR): every cell stays in the page (no
@@ -313,7 +312,8 @@ def selected_notebooks(request) -> list[str]:
         if item.module is sys.modules[__name__]:
             params = getattr(item, "callspec", None)
             names.add(params.params["name"] if params and "name" in params.params else CALIBRATOR)
-    return sorted(names, key=lambda n: (n != CALIBRATOR, n))  # 06 first: its page stays open
+    # 06 first (its page stays open for the calibrator test), then the longest, so it does not run alone at the end
+    return sorted(names, key=lambda n: (n != CALIBRATOR, n != LONGEST, n))
 
 
 @pytest.fixture(scope="module")
