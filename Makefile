@@ -49,7 +49,8 @@ notebooks: $(STAMP)
 # lab extension comes with requirements.txt, and the lab opens on notebook 01. LAB_ARGS adds options.
 lab: $(STAMP)
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (ipykernel)" >/dev/null
-	cd notebooks && ../$(BIN)/jupyter lab 01_memory_wall.ipynb $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
+	$(BIN)/jupyter lab --ServerApp.root_dir=notebooks notebooks/01_memory_wall.ipynb \
+		$(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 # Every notebook run in JupyterLab in headless Chromium, the calibrator's controls moved and checked
 # (tests/test_browser.py, part of `make test`); keeps a screenshot of each figure and of the calibrator

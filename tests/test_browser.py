@@ -323,6 +323,9 @@ def runs(request, lab, browser, shots):
     timing = {name: round(run.seconds, 1) for name, run in done.items()}
     timing["all (wall)"] = round(time.monotonic() - started, 1)
     (shots / "timing.json").write_text(json.dumps(timing, indent=1))
+    figures = {name: [{"cell": c["index"], "natural px": i["natural"], "shown px": round(i["shown"])}
+                      for c in run.cells for i in c["images"]] for name, run in done.items()}
+    (shots / "figures.json").write_text(json.dumps(figures, indent=1))
     yield done
     for run in done.values():
         if not run.page.is_closed():
@@ -350,6 +353,9 @@ def test_notebook_runs_in_jupyterlab(runs, name):
         tracebacks = [s for s in c["stderr"] if "Traceback" in s or "Error" in s]
         assert not tracebacks, f"{where}: {tracebacks}"
     assert len(run.shots) == sum(len(c["images"]) for c in run.cells)
+    shrunk = {c["index"]: [round(i["shown"] / i["natural"], 2) for i in c["images"] if i["shown"] < 0.75 * i["natural"]]
+              for c in run.cells}
+    assert not any(shrunk.values()), f"{name}: figures shrunk below 75% to fit the page (too small to read): {shrunk}"
 
 
 def test_no_figure_is_shown_twice(runs):
@@ -396,7 +402,7 @@ def expected_view(alpha: float, k: int, c: float) -> dict:
     return {"best": best, "k": k,
             "text": (f"K = {k}: {theory.expected_tokens_per_pass(alpha, k):.2f} tokens per target pass, speedup "
                      f"{theory.expected_speedup(alpha, k, c):.2f}×. Best K = {best}: "
-                     f"{theory.expected_speedup(alpha, best, c):.2f}×. c = {c:.4f}"),
+                     f"{theory.expected_speedup(alpha, best, c):.2f}×.\nc = {c:.4f}"),
             "columns": [str(K) for K in range(K_MAX + 1)],
             "tokens/pass": [f"{theory.expected_tokens_per_pass(alpha, K):.3f}" for K in range(K_MAX + 1)],
             "speedup ×": [f"{theory.expected_speedup(alpha, K, c):.3f}" for K in range(K_MAX + 1)]}
