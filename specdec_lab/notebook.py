@@ -645,7 +645,7 @@ def calibrator_view(alpha: float, k: int, c: float, hardware: str = MANUAL_C, ta
 
     >>> fig, text, table = calibrator_view(0.75, 4, 0.05)
     >>> text
-    'K = 4: 3.05 tokens per target pass, speedup 2.54×. Best K = 7: 2.67×.\nc = 0.0500 (slider).'
+    'K = 4: 3.05 tokens per target pass, speedup 2.54×. Best K = 7: 2.67×.\\nc = 0.0500 (slider).'
     >>> int(table.loc[table.best, "K"].iloc[0])
     7
     """
