@@ -273,6 +273,8 @@ def roofline(hardware: dict[str, tuple[float, float]], points: pd.DataFrame) -> 
                     textcoords="offset points", xytext=(0, 9), ha="center")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    low, high = ax.get_ylim()
+    ax.set_ylim(low, high * 4)  # room for the batch labels above the flat roof
     ax.set_xlabel("arithmetic intensity (FLOP per byte moved)")
     ax.set_ylabel("attainable FLOP/s")
     ax.set_title(_wrap("Roofline: decoding at batch B sits on the bandwidth slope until B is large", 8.2))

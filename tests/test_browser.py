@@ -5,10 +5,12 @@ ever saved into the repository) and with its own settings and workspace folders 
 no update check, no extension manager: the lab stays off the network). Each notebook is opened in
 its own page, run with the menu's *Run ▸ Run All Cells*, and checked as a reader sees it: every code
 cell ran, no cell shows an error, every figure is an image that loaded, every widget rendered.
-In notebook 06 the calibrator's controls are moved (the α slider dragged with the mouse, K with the
-keyboard, c typed into its readout, the hardware picked from the list) and after each move the shown
-best K, the speedup table and the plot must be the ones :mod:`specdec_lab.theory` gives for those
-inputs.
+In notebook 06 the calibrator's controls are moved (the α slider dragged with the mouse, K typed into
+its readout, c stepped with the arrow keys, the hardware picked from the list and back) and after
+each move the shown summary (best K), the speedup table (values, best K in bold, your K shaded) and
+the plot must be the ones :mod:`specdec_lab.theory` gives for those inputs: the text and table are
+computed here from the theory alone, the plot is compared pixel by pixel with the calibrator's figure
+rendered here at the same inputs, and each move must change the plot (a stale figure fails).
 
 Chromium is Debian's ``chromium`` package (``.ci/run`` installs it; ``SPECDEC_LAB_CHROMIUM`` points
 elsewhere); Playwright's own browser download is not used. ``SPECDEC_LAB_SCREENSHOTS=<dir>``
@@ -270,10 +272,15 @@ def settled_cells(page, timeout_s: float = 30) -> list:
     while time.monotonic() < deadline:
         time.sleep(1.0)
         again = page.evaluate(CELLS)
-        if shape(again) == shape(cells):
+        if shape(again) == shape(cells) and page.evaluate(WIDGET_OUTPUTS_FILLED):
             return again
         cells = again
     return cells
+
+
+# Output widgets (the calibrator's) are filled by the kernel's messages after the cell has finished.
+WIDGET_OUTPUTS_FILLED = """() => Array.from(document.querySelectorAll('.jp-OutputArea-output .widget-output'))
+    .every(out => out.querySelector('.jp-OutputArea-output') !== null)"""
 
 
 def close(page) -> None:
