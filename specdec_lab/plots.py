@@ -143,16 +143,16 @@ def pit(pits: dict[str, np.ndarray], bins: int = 20) -> Figure:
     """Randomized PIT histograms: flat for a lossless sampler."""
     cols = min(3, len(pits))
     rows = -(-len(pits) // cols)
-    fig, axes = _grid(rows, cols, (4.2 * cols, 3.0 * rows + 0.8), sharey=True)
+    fig, axes = _grid(rows, cols, (3.2 * cols, 2.8 * rows + 0.8), sharey=True)
     for ax, (name, u) in zip(axes.flat, pits.items()):
         sns.histplot(x=np.asarray(u).ravel(), bins=bins, stat="density", ax=ax)
         ax.axhline(1.0, color="black", linestyle="--")
-        ax.set_title(_wrap(name, 4.0, 11), fontsize=11)
+        ax.set_title(_wrap(name, 3.0, 11), fontsize=11)
         ax.set_xlabel("u")
     for ax in list(axes.flat)[len(pits):]:
         ax.set_visible(False)
     fig.suptitle(_wrap("Randomized PIT of every sampled token under the exact target law (flat = lossless)",
-                       4.2 * cols))
+                       3.2 * cols))
     fig.tight_layout()
     return fig
 
@@ -222,7 +222,7 @@ def power_curves(frame: pd.DataFrame) -> Figure:
     ``planner (worst case)`` (:func:`specdec_lab.notebook.power_curve`).
     """
     names = list(dict.fromkeys(frame["alternative"]))
-    fig, axes = _grid(1, len(names), (5.5 * len(names), 4.6), sharey=True)
+    fig, axes = _grid(1, len(names), (4.7 * len(names), 4.6), sharey=True)
     for ax, name in zip(axes.flat, names):
         part = frame[frame["alternative"] == name]
         ax.errorbar(part["m"], part["simulated"], yerr=2 * part["se"], fmt="o", color="black",
@@ -232,7 +232,7 @@ def power_curves(frame: pd.DataFrame) -> Figure:
         ax.set_xscale("log")
         _plain_ticks(ax)
         ax.set_xlabel("samples m")
-        ax.set_title(_wrap(name, 5.0, 11), fontsize=11)
+        ax.set_title(_wrap(name, 4.2, 11), fontsize=11)
     axes.flat[0].set_ylabel("power (rejection rate)")
     axes.flat[0].legend(fontsize=10)
     fig.suptitle("Power of the Pearson identity test: simulation vs prediction")
@@ -374,7 +374,7 @@ def typical_heatmap(grid: pd.DataFrame) -> Figure:
     """Exact TV of Medusa typical acceptance against p over ε (rows) and α (columns), one panel per
     temperature. ``grid`` from :func:`specdec_lab.notebook.typical_tv_grid`."""
     temperatures = sorted(grid["temperature"].unique())
-    fig, axes = _grid(1, len(temperatures), (5.5 * len(temperatures), 4.6))
+    fig, axes = _grid(1, len(temperatures), (4.7 * len(temperatures), 4.4))
     for ax, temperature in zip(axes.flat, temperatures):
         table = grid[grid["temperature"] == temperature].pivot(index="epsilon", columns="alpha", values="tv")
         sns.heatmap(table, annot=True, fmt=".2f", cmap="rocket_r", vmin=0, vmax=float(grid["tv"].max()), ax=ax)
@@ -382,6 +382,6 @@ def typical_heatmap(grid: pd.DataFrame) -> Figure:
         ax.set_xlabel("α (entropy-scaled threshold)")
         ax.set_ylabel("ε (hard threshold)")
     fig.suptitle(_wrap("Medusa typical acceptance is lossy: exact TV from the target law (0 = lossless)",
-                       5.5 * len(temperatures)))
+                       4.7 * len(temperatures)))
     fig.tight_layout()
     return fig
