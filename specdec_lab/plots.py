@@ -357,15 +357,15 @@ def tree(parents, ranks, labels=None, title: str = "") -> Figure:
     ax.scatter(x, [-d for d in depth], s=1400, color=[colors[1]] + [colors[0]] * (n - 1), zorder=2)
     for node in range(n):
         text = "root" if node == 0 else (labels[node] if labels is not None else f"r{ranks[node]}")
-        ax.annotate(text, (x[node], -depth[node]), ha="center", va="center", fontsize=10, color="white",
+        ax.annotate(text, (x[node], -depth[node]), ha="center", va="center", fontsize=13 if node else 10, color="white",
                     fontweight="bold", zorder=3)
         if node > 0:
             ax.annotate(f"r{ranks[node]}", (x[node], -depth[node]), textcoords="offset points", xytext=(0, 22),
-                        ha="center", fontsize=8, color="dimgrey", zorder=3)
+                        ha="center", fontsize=9, color="dimgrey", zorder=3)
     ax.set_yticks([-d for d in range(max(depth) + 1)], [f"depth {d}" for d in range(max(depth) + 1)])
     ax.set_xticks([])
     ax.set_title(title or f"candidate tree: {n - 1} nodes, depth {max(depth)} (r = candidate rank)")
-    ax.margins(0.12, 0.25)
+    ax.margins(0.12, 0.18)
     fig.tight_layout()
     return fig
 

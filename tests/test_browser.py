@@ -148,7 +148,9 @@ def browser():
                     ".ci/run does) or set SPECDEC_LAB_CHROMIUM to a Chromium binary")
     with playwright.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        # a laptop-wide page (figures wider than the notebook column get shrunk: the test fails below 75%),
+        # tall enough that no figure's screenshot runs under the status bar
+        context = browser.new_context(viewport={"width": 1400, "height": 1600})
         yield context
         context.close()
         browser.close()
