@@ -51,13 +51,20 @@ class Scale:
     power_reps: int  # simulated test runs per sample size on a power curve
     chains: int  # sampled continuations per prompt that supply real prefixes for exact checks
     audit_samples: int  # per audited external implementation (HF generate runs at batch 1: ~16 ms a sample)
+    meta_reps: int = 20  # suite runs on samples of the exact law for the size meta-test (notebook 05)
+    meta_samples: int = 2_000  # two-token samples per meta-test run
+    detection_reps: int = 4  # suite runs per planted fault strength (notebook 05)
+    detection_samples: int = 2_000  # samples per detection run (make verify's negative controls: 10,000)
+    detection_grid: slice = slice(None, None, 5)  # strengths of each planted family's grid used
 
 
 SCALES = {
     "ci": Scale("ci", samples=8_000, control_samples=2_000, length=3, replicates=30,
                 replicate_samples=600, power_reps=200, chains=16, audit_samples=1_000),
     "full": Scale("full", samples=80_000, control_samples=10_000, length=3, replicates=200,
-                  replicate_samples=4_000, power_reps=1_000, chains=64, audit_samples=20_000),
+                  replicate_samples=4_000, power_reps=1_000, chains=64, audit_samples=20_000,
+                  meta_reps=400, meta_samples=10_000, detection_reps=20, detection_samples=10_000,
+                  detection_grid=slice(None)),
 }
 
 
@@ -578,6 +585,11 @@ def planted_pair_laws(pair, prompt_ids: torch.Tensor, family: PlantedFamily, str
     law = exact.sequence_law(cached_logits_at(pair, prompt_ids), pair.vocab_size, family.k, 2, config, verifier,
                              bonus_law=bonus)
     return law.law.reshape(-1).numpy(), law.target.reshape(-1).numpy(), law.tv
+
+
+def planted_families(grid: slice = slice(None)) -> list[PlantedFamily]:
+    """:data:`PLANTED` with each family's strengths cut to ``grid`` (a notebook scale's share)."""
+    return [replace(f, strengths=f.strengths[grid]) for f in PLANTED]
 
 
 def detection_power(pair, prompt_ids: torch.Tensor, m: int, reps: int, settings: SuiteSettings = SuiteSettings(),
