@@ -55,7 +55,7 @@ class Scale:
     meta_samples: int = 2_000  # two-token samples per meta-test run
     detection_reps: int = 4  # suite runs per planted fault strength (notebook 05)
     detection_samples: int = 2_000  # samples per detection run (make verify's negative controls: 10,000)
-    detection_grid: slice = slice(None, None, 5)  # strengths of each planted family's grid used
+    detection_step: int = 5  # every n-th strength of each planted family's grid (ci: its weakest and strongest)
 
 
 SCALES = {
@@ -64,7 +64,7 @@ SCALES = {
     "full": Scale("full", samples=80_000, control_samples=10_000, length=3, replicates=200,
                   replicate_samples=4_000, power_reps=1_000, chains=64, audit_samples=20_000,
                   meta_reps=400, meta_samples=10_000, detection_reps=20, detection_samples=10_000,
-                  detection_grid=slice(None)),
+                  detection_step=1),
 }
 
 
@@ -587,9 +587,9 @@ def planted_pair_laws(pair, prompt_ids: torch.Tensor, family: PlantedFamily, str
     return law.law.reshape(-1).numpy(), law.target.reshape(-1).numpy(), law.tv
 
 
-def planted_families(grid: slice = slice(None)) -> list[PlantedFamily]:
-    """:data:`PLANTED` with each family's strengths cut to ``grid`` (a notebook scale's share)."""
-    return [replace(f, strengths=f.strengths[grid]) for f in PLANTED]
+def planted_families(step: int = 1) -> list[PlantedFamily]:
+    """:data:`PLANTED` with every ``step``-th strength of each family's grid (a notebook scale's share)."""
+    return [replace(f, strengths=f.strengths[::step]) for f in PLANTED]
 
 
 def detection_power(pair, prompt_ids: torch.Tensor, m: int, reps: int, settings: SuiteSettings = SuiteSettings(),

@@ -51,14 +51,15 @@ class Scale:
 
 # Sample sizes: stats.plan_tv_bound_samples on the bundled target's laws after DEFAULT_PROMPT says a
 # correct sampler's expected combined bound reaches 0.02 on the first token at m ≈ 30,000, 0.01 at
-# ≈ 144,000; on the first two tokens' joint law 0.02 at ≈ 278,000 and 0.01 at ≈ 1.29 M (out of reach
-# on a CPU). The bound fluctuates around its expectation (its χ² part by ~1.35x at +2.3 sd), so the
-# scales keep a margin of about 2x in m over the planned value for the bound they rest on.
+# ≈ 144,000; on the first two tokens' joint law 0.025 at ≈ 169,000, 0.02 at ≈ 278,000 and 0.01 at
+# ≈ 1.29 M (out of reach on a CPU). The bound fluctuates around its expectation (its χ² part by ~1.35x
+# at +2.3 sd), so the scales keep a margin of about 2x in m over the planned value for each bound
+# they rest on.
 SCALES = {
     "smoke": Scale(1_000, 2_000, None, 0.02, medusa=False),  # tests the pipeline, lossless verdicts inconclusive
     "default": Scale(80_000, 10_000, None, 0.02),  # first-token bound <= 0.02; joint bound reported
-    # full: the verdict rests on the joint bound too (<= 0.02 on the first two tokens, <= 0.01 on the first)
-    "full": Scale(320_000, 20_000, None, 0.01, 0.02, ("rejection_iid", "rejection_topk")),
+    # full: the verdict rests on the joint bound too (<= 0.025 on the first two tokens, <= 0.01 on the first)
+    "full": Scale(320_000, 20_000, None, 0.01, 0.025, ("rejection_iid", "rejection_topk")),
 }
 
 DEFAULT_PROMPT = "ROMEO:\n"
