@@ -771,15 +771,15 @@ def expected_tv_bound(p, m: int, confidence: float = 0.99) -> dict[str, float]:
     correct sampler's verdict will show at m samples, computed from p and m alone.
 
     >>> b = expected_tv_bound(np.full(100, 0.01), 100_000)
-    >>> b["combined"] == min(b["chi2 (δ/2)"], b["mcdiarmid (δ/2)"])
+    >>> bool(b["combined"] == min(b["chi2 (δ/2)"], b["mcdiarmid (δ/2)"]))
     True
     """
     p = np.asarray(p, dtype=np.float64)
     delta = 1.0 - confidence
     out = {}
     for label, share in (("", delta), (" (δ/2)", delta / 2)):
-        out["chi2" + label] = min(_expected_chi2_route(p, m, share / 2, c / m)
-                                  for c in (0.5, 1, 2, 5, 10, 20, 50, 100))
+        out["chi2" + label] = float(min(_expected_chi2_route(p, m, share / 2, c / m)
+                                        for c in (0.5, 1, 2, 5, 10, 20, 50, 100)))
         out["mcdiarmid" + label] = expected_tv_plugin(p, m) + mcdiarmid_margin(m, share)
     out["combined"] = min(out["chi2 (δ/2)"], out["mcdiarmid (δ/2)"])
     return out
