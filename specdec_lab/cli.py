@@ -34,15 +34,15 @@ def cmd_verify(args) -> int:
     options = VerifyOptions(scale=args.scale, k=args.k, temperature=args.temperature,
                             low_temperature=args.low_temperature, top_p=args.top_p, top_k=args.top_k,
                             samples=args.samples, seed=args.seed, prompt=args.prompt, out=args.out,
-                            progress=not args.quiet)
+                            progress=not args.quiet, length=args.length)
     pair = _load(args)
     print(f"specdec-lab verify: {pair.identity['pair']} on {pair.device}, scale {args.scale}", flush=True)
     result = run_verify(pair, options)
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 90):
-        columns = ["sampler", "expected", "m", "exact TV (2 tokens)", "TV plug-in", "TV upper 99%",
-                   "KL (MM)", "Holm p", "verdict"]
-        print(result["table"][["sampler", "test", "statistic", "pvalue", "tv_plugin", "tv_upper",
-                               "kl_mm", "verdict"]].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+        columns = ["sampler", "expected", "m", "L", "exact TV (2 tokens)", "TV plug-in", "TV upper 99%", "route",
+                   "TV upper 99% (2 tokens)", "independence p", "Holm p", "verdict"]
+        print(result["table"][["sampler", "test", "statistic", "pvalue", "tv_upper", "tv_upper_joint",
+                               "verdict"]].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
         print()
         print(result["summary"][columns].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
         print()
@@ -148,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("--top-k", type=int, default=None)
     v.add_argument("--top-p", type=float, default=0.9, help="the top-p case's nucleus mass")
     v.add_argument("--samples", type=int, default=None, help="samples per lossless sampler")
+    v.add_argument("--length", type=int, default=None,
+                   help="new tokens per sample for every row (default: each row's window, K + 2 for "
+                        "speculative rows so every draft position and the bonus token are tested)")
     v.add_argument("--seed", type=int, default=0)
     v.add_argument("--prompt", default=DEFAULT_PROMPT)
     v.add_argument("--out", type=Path, default=Path("reports"))

@@ -73,12 +73,14 @@ class SequenceLaw:
 
 
 def sequence_law(logits_at: LogitsAt, vocab_size: int, k: int, length: int, config: SamplingConfig,
-                 verifier: Verifier) -> SequenceLaw:
+                 verifier: Verifier, bonus_law: Callable | None = None) -> SequenceLaw:
     """Joint law of the first ``length`` tokens of speculative sampling with K drafts per block.
 
     ``logits_at(prefixes)`` maps prefixes (n, t) of emitted tokens to (target_logits, draft_logits),
     each (n, V). Enumerates all V^length sequences, so keep V^length small (V=512 with length 2 is
     262k cells). State per prefix: the position i = 0..K inside the current block (K = bonus).
+    ``bonus_law(target_logits, config)``, when given, is the law the bonus token is drawn from
+    instead of the verifier's p (a planted fault: e.g. the bonus sampled at another temperature).
     """
     V, K = vocab_size, k
     prefixes = torch.zeros(1, 0, dtype=torch.long)  # (n, t)
@@ -92,6 +94,8 @@ def sequence_law(logits_at: LogitsAt, vocab_size: int, k: int, length: int, conf
         kept, replaced = step_parts(target_logits, draft_logits, config, verifier)
         wrong_position = verifier.bonus_offset != 0 and parent_p is not None
         bonus = parent_p if wrong_position else p_used  # (n, V) law of a bonus token
+        if bonus_law is not None:
+            bonus = bonus_law(target_logits, config)
         child = torch.zeros(len(prefixes), V, K + 1, dtype=torch.float64)  # (n, V, K+1)
         child[:, :, 1:] += mass[:, None, :K] * kept[:, :, None]  # accepted: advance in the block
         child[:, :, 0] += (mass[:, None, :K] * replaced[:, :, None]).sum(-1)  # rejected: new block

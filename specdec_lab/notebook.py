@@ -51,13 +51,20 @@ class Scale:
     power_reps: int  # simulated test runs per sample size on a power curve
     chains: int  # sampled continuations per prompt that supply real prefixes for exact checks
     audit_samples: int  # per audited external implementation (HF generate runs at batch 1: ~16 ms a sample)
+    meta_reps: int = 20  # suite runs on samples of the exact law for the size meta-test (notebook 05)
+    meta_samples: int = 2_000  # two-token samples per meta-test run
+    detection_reps: int = 4  # suite runs per planted fault strength (notebook 05)
+    detection_samples: int = 2_000  # samples per detection run (make verify's negative controls: 10,000)
+    detection_step: int = 5  # every n-th strength of each planted family's grid (ci: its weakest and strongest)
 
 
 SCALES = {
     "ci": Scale("ci", samples=8_000, control_samples=2_000, length=3, replicates=30,
                 replicate_samples=600, power_reps=200, chains=16, audit_samples=1_000),
     "full": Scale("full", samples=80_000, control_samples=10_000, length=3, replicates=200,
-                  replicate_samples=4_000, power_reps=1_000, chains=64, audit_samples=20_000),
+                  replicate_samples=4_000, power_reps=1_000, chains=64, audit_samples=20_000,
+                  meta_reps=400, meta_samples=10_000, detection_reps=20, detection_samples=10_000,
+                  detection_step=1),
 }
 
 
@@ -191,6 +198,7 @@ def exact_rule_table(pair, prompt_ids: torch.Tensor, runs: list[tuple[str, objec
     logits_at = cached_logits_at(pair, prompt_ids)
     rows = []
     for name, sampler, lossless in runs:
+        sampler = getattr(sampler, "base", sampler)  # overlapping streams: each draw follows its base's law
         if not isinstance(sampler, SpeculativeConfig):
             continue
         law = exact.sequence_law(logits_at, pair.vocab_size, sampler.k, length, sampler.sampling,
@@ -478,7 +486,7 @@ def run_controls(pair, prompt: str, n: int, length: int, seed: int, settings: Su
                  k: int = 4) -> list[Check]:
     """Every negative control of :func:`specdec_lab.verify.samplers_to_run`, ``n`` samples each,
     through the same suite a correct sampler gets; the exact TV over two tokens is attached."""
-    runs = [r for r in samplers_to_run(VerifyOptions(k=k)) if not r[2]]
+    runs = [r for r in samplers_to_run(VerifyOptions(k=k, length=length)) if not r[2]]
     tvs = exact_rule_table(pair, pair.encode(prompt), runs, length=2).set_index("rule")["exact TV"]
     folder = work_dir()
     return [check_sampler(pair, name, sampler, False, prompt, n, length, seed + i, settings, folder, float(tvs[name]))
@@ -511,6 +519,147 @@ def power_curves(alternatives: dict, sizes, *, alpha: float = 0.01, reps: int = 
     rng = np.random.default_rng(seed)
     return pd.concat([power_curve(name, p, q, sizes, alpha=alpha, reps=reps, rng=rng)
                       for name, (p, q) in alternatives.items()], ignore_index=True)
+
+
+# ------------------------------------------------------------------- what the suite can see (notebook 05)
+
+
+def _scaled_acceptance(delta: float):
+    def accept(p_x, q_x):
+        return torch.clamp((1 + delta) * p_x / q_x, max=1.0)
+    return accept
+
+
+def _residual_mixed(lam: float):
+    from specdec_lab.samplers.rules import residual_positive_part
+
+    def residual(p, q):
+        return (1 - lam) * residual_positive_part(p, q) + lam * p
+    return residual
+
+
+def _draft_ratio_at(delta_t: float):
+    from specdec_lab.samplers.rules import DraftLaws
+
+    def draft_law(logits, config):
+        return DraftLaws(to_probs(logits, config), to_probs(logits, replace(config, temperature=config.temperature + delta_t)))
+    return draft_law
+
+
+@dataclass(frozen=True)
+class PlantedFamily:
+    """A fault with a strength knob: strength 0 is the lossless rule."""
+
+    name: str
+    knob: str
+    strengths: tuple  # the grid searched for the detection limit
+    temperature: float = 1.0
+    k: int = 4
+
+    def rule(self, strength: float):
+        """(verifier, bonus_law) of the rule at ``strength``."""
+        from specdec_lab.samplers.rules import LEVIATHAN
+
+        if self.knob == "δ":
+            return replace(LEVIATHAN, name=self.name, lossless=False, accept_prob=_scaled_acceptance(strength)), None
+        if self.knob == "λ":
+            return replace(LEVIATHAN, name=self.name, lossless=False, residual=_residual_mixed(strength)), None
+        if self.knob == "ΔT draft":
+            return replace(LEVIATHAN, name=self.name, lossless=False, draft_law=_draft_ratio_at(strength)), None
+        return LEVIATHAN, lambda logits, config: to_probs(logits, replace(config, temperature=config.temperature + strength))
+
+
+PLANTED = (
+    PlantedFamily("acceptance ratio × (1 + δ)", "δ", (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)),
+    PlantedFamily("residual mixed with p at weight λ", "λ", (0.02, 0.05, 0.1, 0.2, 0.4, 0.8)),
+    PlantedFamily("draft ratio at T + ΔT (T = 0.7)", "ΔT draft", (0.005, 0.01, 0.02, 0.05, 0.1, 0.2), temperature=0.7),
+    PlantedFamily("bonus token at T + ΔT (K = 1)", "ΔT bonus", (0.02, 0.05, 0.1, 0.2, 0.4, 0.8), k=1),
+)
+
+
+def planted_pair_laws(pair, prompt_ids: torch.Tensor, family: PlantedFamily, strength: float):
+    """(q, p, exact TV): the exact joint law (V * V,) of the first two tokens of ``family`` at
+    ``strength``, the target's, and their TV — by enumeration, no sampling."""
+    config = SamplingConfig(temperature=family.temperature)
+    verifier, bonus = family.rule(strength)
+    law = exact.sequence_law(cached_logits_at(pair, prompt_ids), pair.vocab_size, family.k, 2, config, verifier,
+                             bonus_law=bonus)
+    return law.law.reshape(-1).numpy(), law.target.reshape(-1).numpy(), law.tv
+
+
+def planted_families(step: int = 1) -> list[PlantedFamily]:
+    """:data:`PLANTED` with every ``step``-th strength of each family's grid (a notebook scale's share)."""
+    return [replace(f, strengths=f.strengths[::step]) for f in PLANTED]
+
+
+def detection_power(pair, prompt_ids: torch.Tensor, m: int, reps: int, settings: SuiteSettings = SuiteSettings(),
+                    families=PLANTED, seed: int = 0) -> pd.DataFrame:
+    """For every planted family and strength: the share of ``reps`` suite runs on m two-token
+    samples drawn from the fault's exact law that reject (the suite's power), with its exact TV.
+    The tokens are drawn from the exact law, not by running the sampler: the suite sees exactly
+    what the sampler would emit, at a fraction of the cost."""
+    from specdec_lab.suite import draw_pairs, scores_from_law
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for family in families:
+        for strength in family.strengths:
+            q, p, tv = planted_pair_laws(pair, prompt_ids, family, strength)
+            q = np.clip(q, 0, None)
+            rejected = 0
+            for _ in range(reps):
+                tokens = draw_pairs(q, m, rng)
+                result = run_suite(family.name, tokens, scores_from_law(tokens, p, settings.min_prefix_count),
+                                   settings, rng)
+                rejected += result.verdict == "rejected"
+            power = rejected / reps
+            rows.append({"family": family.name, "knob": family.knob, "strength": strength, "exact TV (2 tokens)": tv,
+                         "m": m, "reps": reps, "power": power, "se": float(np.sqrt(max(power * (1 - power), 1e-4) / reps))})
+    return pd.DataFrame(rows)
+
+
+def detection_limits(power: pd.DataFrame, level: float = 0.9) -> pd.DataFrame:
+    """Per family: the smallest strength on the grid rejected with power >= ``level`` (NaN when none
+    is), its exact TV, and the largest strength below it (the limit lies between the two)."""
+    rows = []
+    for (family, knob), group in power.groupby(["family", "knob"], sort=False):
+        group = group.sort_values("strength")
+        seen = group[group["power"] >= level]
+        first = seen.iloc[0] if len(seen) else None
+        below = group[group["strength"] < first["strength"]] if first is not None else group
+        rows.append({"family": family, "knob": knob, "m": int(group["m"].iloc[0]),
+                     "smallest strength with power ≥ 0.9": np.nan if first is None else first["strength"],
+                     "its exact TV (2 tokens)": np.nan if first is None else first["exact TV (2 tokens)"],
+                     "largest strength below (power)": "" if below.empty else
+                     f"{below.iloc[-1]['strength']:g} ({below.iloc[-1]['power']:.2f})"})
+    return pd.DataFrame(rows)
+
+
+def size_meta_test(pair, prompt_ids: torch.Tensor, m: int, reps: int, settings: SuiteSettings = SuiteSettings(),
+                   seed: int = 0) -> tuple[pd.DataFrame, dict]:
+    """The suite on ``reps`` sample sets of m two-token samples drawn from the target's exact law.
+
+    Returns (per-replicate p-values of every test and the Holm global p-value, summary) where the
+    summary has the rejection rate at ``settings.alpha``, its binomial upper limit and the KS
+    p-value of each single test's p-values against Uniform(0, 1) (Holm-combined entries are
+    conservative by design and left out)."""
+    from specdec_lab.suite import draw_pairs, pair_law, scores_from_law
+
+    p = pair_law(pair, prompt_ids, SamplingConfig())
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(reps):
+        tokens = draw_pairs(p, m, rng)
+        result = run_suite("H0", tokens, scores_from_law(tokens, p, settings.min_prefix_count), settings, rng)
+        rows.append({**{name: r.pvalue for name, r in result.tests.items()}, "Holm global": result.global_pvalue})
+    table = pd.DataFrame(rows)
+    rate = float((table["Holm global"] < settings.alpha).mean())
+    summary = {"reps": reps, "m": m, "alpha": settings.alpha, "rejection rate": rate,
+               "binomial limit (α + 3 se)": settings.alpha + 3 * np.sqrt(settings.alpha * (1 - settings.alpha) / reps),
+               # single tests only: a Holm-adjusted p-value is conservative by design (not uniform)
+               "KS p-value per test": {c: stats.uniformity_test(table[c]).pvalue for c in table.columns
+                                       if "Holm" not in c}}
+    return table, summary
 
 
 # ------------------------------------------------------------------- memory wall (notebook 01)

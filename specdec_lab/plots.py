@@ -385,3 +385,18 @@ def typical_heatmap(grid: pd.DataFrame) -> Figure:
                        4.7 * len(temperatures)))
     fig.tight_layout()
     return fig
+
+
+def detection_power(power: pd.DataFrame, level: float = 0.9) -> Figure:
+    """Power of the whole suite against each planted fault family, over the fault's exact TV on
+    the first two tokens (from :func:`specdec_lab.notebook.detection_power`), with the 0.9 line."""
+    fig, ax = _new((8, 4))
+    sns.lineplot(data=power, x="exact TV (2 tokens)", y="power", hue="family", marker="o", ax=ax)
+    ax.axhline(level, color="black", linestyle="--", linewidth=1, label=f"power {level:g}")
+    ax.set_xscale("log")
+    ax.set_ylim(-0.02, 1.02)
+    m = int(power["m"].iloc[0])
+    ax.set_title(f"What the suite can see at m = {m:,}: power against planted faults")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

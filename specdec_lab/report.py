@@ -21,21 +21,29 @@ def verdict_table(entries: list[dict]) -> pd.DataFrame:
 
 
 def summary_table(entries: list[dict]) -> pd.DataFrame:
-    """One row per sampler: what was expected, what the suite found, and whether that is right."""
+    """One row per sampler: what was expected, what the suite found, and whether that is right.
+
+    Beside the first-token TV bound: which route bound it (``chi2`` or ``mcdiarmid``), the bound on
+    the joint law of the first two tokens, and the collision test's p-value (independence)."""
     rows = []
     for e in entries:
         s = e["suite"]
         stats = e["stats"] or {}
+        joint = s.joint_bound
         rows.append({
             "sampler": s.name, "expected": "lossless" if e["lossless"] else "negative control",
-            "m": s.m, "exact TV (2 tokens)": e["exact_tv"], "TV plug-in": s.tv_plugin,
-            "TV upper 99%": s.tv_bound.upper, "KL (MM)": s.kl, "Holm p": s.global_pvalue,
+            "m": s.m, "L": s.length, "exact TV (2 tokens)": e["exact_tv"], "TV plug-in": s.tv_plugin,
+            "TV upper 99%": s.tv_bound.upper, "route": s.tv_bound.binding,
+            "TV upper 99% (2 tokens)": np.nan if joint is None else joint.upper,
+            "route (2 tokens)": "" if joint is None else joint.binding,
+            "independence p": s.independence_pvalue, "KL (MM)": s.kl, "Holm p": s.global_pvalue,
             "acceptance": stats.get("acceptance", np.nan),
             "tokens/pass": stats.get("tokens_per_target_pass", np.nan),
             "theory tokens/pass": stats.get("theory_tokens_per_target_pass", np.nan),
             "verdict": s.verdict, "correct call": (s.verdict == "equivalent") == e["lossless"]
             and (e["lossless"] or s.verdict == "rejected"),
             "in words": s.verdict_text,
+            "window": e.get("uncovered", ""),
         })
     return pd.DataFrame(rows)
 

@@ -89,6 +89,20 @@ class TVBound:
     tail_mass_p: float  # p(T), target mass outside A
     tail_mass_q_upper: float  # Clopper-Pearson upper bound on q(T)
     m: int
+    chi2_route: float = float("nan")  # the chi^2 -> TV route's bound, at its share of 1 - confidence
+    mcdiarmid_route: float = float("nan")  # TV plug-in + sqrt(ln(1/delta) / 2m), at its share
+    binding: str = "chi2"  # the route that gave ``upper``: "chi2" or "mcdiarmid"
+
+
+@dataclass(frozen=True)
+class CollisionResult(_Result):
+    statistic: float  # T = C - (m - 1) sum_i P(X_i) + C(m, 2) sum P^2: excess colliding pairs
+    pvalue: float
+    collisions: int  # C, colliding pairs among the m samples
+    expected: float  # E[C] = C(m, 2) sum_x P(x)^2 under i.i.d. draws from P
+    sd: float  # exact null standard deviation of T
+    m: int
+    n_resamples: int
 
 
 @dataclass(frozen=True)
@@ -461,6 +475,128 @@ def logprob_ztest(log_p, entropy, varentropy) -> ZResult:
     return ZResult(t, float(2 * sps.norm.sf(abs(t))), len(lp))
 
 
+def _collision_parts(counts: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(C, S) along the last axis: colliding pairs Σ N(N − 1)/2 and Σ_i P(X_i) = Σ N P."""
+    counts = counts.astype(np.float64)
+    return (counts * (counts - 1) / 2).sum(axis=-1), (counts * p).sum(axis=-1)
+
+
+def _collision_null(p: np.ndarray, m: int, n_resamples: int, rng: np.random.Generator,
+                    chunk: int = 250) -> tuple[np.ndarray, np.ndarray]:
+    """(C, S) of ``n_resamples`` samples of m i.i.d. draws from p, exactly: the cells expecting at
+    least 1/4 of a draw are drawn as a multinomial with one pooled cell for the rest, and the pooled
+    cell's draws are placed among its cells by inverse CDF, so a large sparse law costs little."""
+    heavy = m * p >= 0.25
+    p_heavy, p_light = p[heavy], p[~heavy & (p > 0)]
+    light_mass = float(p_light.sum())
+    cells = np.append(p_heavy, max(0.0, 1.0 - p_heavy.sum()))
+    cdf_light = np.cumsum(p_light) / light_mass if light_mass > 0 else None
+    C, S = np.empty(n_resamples), np.empty(n_resamples)
+    for start in range(0, n_resamples, chunk):
+        b = min(chunk, n_resamples - start)
+        counts = rng.multinomial(m, cells / cells.sum(), size=b)  # (b, H + 1)
+        c, s = _collision_parts(counts[:, :-1], p_heavy)
+        n_light = counts[:, -1]
+        if cdf_light is not None and n_light.sum() > 0:
+            rep = np.repeat(np.arange(b), n_light)  # replicate of each pooled draw
+            cell = np.minimum(np.searchsorted(cdf_light, rng.random(len(rep)), side="right"), len(p_light) - 1)
+            keys, hits = np.unique(rep * len(p_light) + cell, return_counts=True)
+            c += np.bincount(keys // len(p_light), hits * (hits - 1) / 2, minlength=b)
+            s += np.bincount(rep, p_light[cell], minlength=b)
+        C[start:start + b], S[start:start + b] = c, s
+    return C, S
+
+
+def collision_test(counts, p, *, alternative: str = "two-sided", n_resamples: int = 4999,
+                   rng: np.random.Generator | None = None) -> CollisionResult:
+    """Test that m samples are independent draws from the exact law P, by their collisions.
+
+    Parameters
+    ----------
+    counts : array_like of int, shape (V,)
+        How often each cell was sampled; a cell is a whole sequence or a prefix of it (e.g. the
+        first two tokens, cell ``x1 * V + x2``), whatever P is exactly known on.
+    p : array_like of float, shape (V,)
+        The exact law P of a cell under the null.
+    alternative : {"two-sided", "greater"}
+        "greater" rejects only excess collisions (repeated random streams duplicate samples);
+        "two-sided" also rejects too few (samples pushed apart, e.g. antithetic streams).
+    n_resamples : int
+        Samples of m draws from P that calibrate the statistic.
+    rng : numpy.random.Generator, optional
+
+    Returns
+    -------
+    CollisionResult
+        ``collisions`` C (pairs i < j with X_i = X_j) beside its null mean ``expected``
+        E[C] = C(m, 2) Σ P²; ``statistic`` T, the colliding pairs in excess of what the draws'
+        own probabilities predict (below); ``sd`` its exact null standard deviation; ``pvalue``.
+
+    Notes
+    -----
+    Under i.i.d. draws from P, C has mean C(m, 2) Σ P² and variance
+    C(m, 2)(Σ P² − (Σ P²)²) + 6 C(m, 3)(Σ P³ − (Σ P²)²). The second term — how far the draws'
+    probabilities wander — dominates for a peaked law: duplicating every sample barely moves C
+    against it. T removes it: a fresh independent draw collides with X_i with probability P(X_i),
+    so T = C − (m − 1) Σ_i P(X_i) + C(m, 2) Σ P² is a degenerate U-statistic with kernel
+    1[x = y] − P(x) − P(y) + Σ P², mean 0 and exact variance C(m, 2)(Σ P² − 2 Σ P³ + (Σ P²)²).
+    A duplicated sample adds about one pair to T. For i.i.d. draws from another law q,
+    E[T] = C(m, 2) Σ (q − P)² ≥ 0, so T is also an L2 identity test (Goldreich and Ron 2000).
+    T is skewed when a few cells carry most of Σ P², so the p-value comes from samples of m
+    draws from P itself (exact up to Monte Carlo error, (1 + #{T_b beyond T}) / (B + 1) per
+    side), not from the normal approximation.
+
+    Validity needs P exact on the cells; the test cannot tell which assumption failed — i.i.d.
+    or the law — so read it beside the identity tests: identity tests passing and collisions in
+    excess point at dependent samples.
+
+    References
+    ----------
+    Goldreich, O. and Ron, D. (2000). On testing expansion in bounded-degree graphs. ECCC TR00-020
+    (the collision statistic). Hoeffding, W. (1948). A class of statistics with asymptotically
+    normal distribution. Ann. Math. Statist. 19, 293-325 (U-statistic variance).
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(8)
+    >>> p = np.full(2000, 1 / 2000)
+    >>> x = rng.choice(2000, size=600, p=p)
+    >>> collision_test(np.bincount(x, minlength=2000), p, n_resamples=999, rng=rng).pvalue > 0.01
+    True
+    >>> twice = np.concatenate([x[:300], x[:300]])  # a random stream replayed: 300 draws, each twice
+    >>> collision_test(np.bincount(twice, minlength=2000), p, n_resamples=999, rng=rng).pvalue < 0.01
+    True
+    """
+    sides = ("two-sided", "greater")
+    if alternative not in sides:
+        raise ValueError(f"alternative must be one of {list(sides)}, got {alternative!r}")
+    counts, p, m = _counts_and_law(counts, p)
+    if m < 2:
+        raise ValueError("the collision test needs at least 2 samples")
+    rng = np.random.default_rng() if rng is None else rng
+    s2, s3 = float((p ** 2).sum()), float((p ** 3).sum())
+    pairs = m * (m - 1) / 2
+    shift = pairs * s2
+
+    def excess(c, s):
+        return c - (m - 1) * s + shift
+
+    c_obs, s_obs = _collision_parts(counts, p)
+    t = float(excess(c_obs, s_obs))
+    null = excess(*_collision_null(p, m, n_resamples, rng))
+    upper = (1 + int((null >= t - 1e-9 * max(1.0, abs(t))).sum())) / (n_resamples + 1)
+    lower = (1 + int((null <= t + 1e-9 * max(1.0, abs(t))).sum())) / (n_resamples + 1)
+    pvalue = upper if alternative == "greater" else min(1.0, 2 * min(upper, lower))
+    sd = float(np.sqrt(max(0.0, pairs * (s2 - 2 * s3 + s2 ** 2))))
+    return CollisionResult(t, pvalue, int(c_obs), shift, sd, m, n_resamples)
+
+
+def pair_cells(first, second, vocab_size: int) -> np.ndarray:
+    """Cell index ``x1 * V + x2`` of each (first, second) token pair, for tests on the joint law
+    of the first two tokens (whose exact law is a (V, V) table, flattened the same way)."""
+    return np.asarray(first, dtype=np.int64) * vocab_size + np.asarray(second, dtype=np.int64)
+
+
 # ------------------------------------------------------------------------------------------ estimates
 
 
@@ -484,7 +620,11 @@ def kl_miller_madow(counts, p) -> float:
     return plugin - (int(seen.sum()) - 1) / (2 * m)
 
 
-def tv_upper_bound(counts, p, *, confidence: float = 0.99, floor: float | None = None) -> TVBound:
+TV_ROUTES = ("combined", "chi2", "mcdiarmid")
+
+
+def tv_upper_bound(counts, p, *, confidence: float = 0.99, floor: float | None = None,
+                   route: str = "combined") -> TVBound:
     """Upper confidence bound on TV(q, p) from m samples of q and the exact p.
 
     Parameters
@@ -493,48 +633,90 @@ def tv_upper_bound(counts, p, *, confidence: float = 0.99, floor: float | None =
     confidence : float
         Coverage of the bound, e.g. 0.99.
     floor : float, optional
-        Kept set A = {i: p_i >= floor}; by default the floor c/m (c from 0.5 to 100) that minimises
-        the bound expected under H0, chosen from p and m alone.
+        χ² route: kept set A = {i: p_i >= floor}; by default the floor c/m (c from 0.5 to 100)
+        that minimises the bound expected under H0, chosen from p and m alone.
+    route : {"combined", "chi2", "mcdiarmid"}
+        "chi2" and "mcdiarmid" are the two bounds below, each at the full level; "combined"
+        (the default) runs both at half the error δ = 1 − confidence each and keeps the smaller.
 
     Returns
     -------
     TVBound
-        ``upper`` with P(TV(q, p) <= upper) >= confidence.
+        ``upper`` with P(TV(q, p) <= upper) >= confidence; ``chi2_route`` and ``mcdiarmid_route``
+        (each at its share of δ), and ``binding``, the route that gave ``upper``.
 
     Notes
     -----
-    Split TV over the kept set A and its complement T. On A, Cauchy–Schwarz gives
+    **χ² route.** Split TV over the kept set A and its complement T. On A, Cauchy–Schwarz gives
     Σ_A |q − p| <= √(p(A) · χ²_A) with χ²_A = Σ_A (q_i − p_i)² / p_i. Z/m (the ADK statistic over A)
     is unbiased for χ²_A, with Poissonised variance Σ_A [2 q_i²/p_i² + 4 m q_i (q_i − p_i)²/p_i²] / m²,
     estimated with q_i² and (q_i − p_i)² replaced by their unbiased estimates (and never below half
     the null variance 2|A|/m²). χ²_A is bounded by
     Z/m + z · √Var̂, and TV by ½ √(p(A) χ²_A,up) + ½ (p(T) + q(T)_up), where q(T)_up is the
-    Clopper–Pearson upper bound on the tail mass. The two one-sided bounds share 1 − confidence by
-    Bonferroni. The multinomial variance is below the Poissonised one, which makes the χ² bound
-    conservative, and Cauchy–Schwarz is tight only when |q − p| ∝ p; in practice the bound is
-    2-4x the true TV near the null and its coverage exceeds the nominal level.
+    Clopper–Pearson upper bound on the tail mass. The two one-sided bounds share the route's error
+    by Bonferroni. The multinomial variance is below the Poissonised one, which makes the χ² bound
+    conservative, and Cauchy–Schwarz is tight only when |q − p| ∝ p: a small mass moved onto one
+    low-probability token has a large χ² and a small TV, and this route's bound is then loose.
+
+    **McDiarmid route** (distribution-free). The plug-in TV̂ = ½ Σ |N_i/m − p_i| is convex in the
+    empirical law, so E[TV̂] >= TV (Jensen), and one sample changes it by at most 1/m, so McDiarmid's
+    inequality gives P(TV̂ <= E[TV̂] − t) <= exp(−2 m t²): TV <= TV̂ + √(ln(1/δ) / (2m)) with
+    probability >= 1 − δ. Its weak point is the plug-in's upward bias, about ½ Σ √(2 p_i / (π m)),
+    large on a law with many small cells (a joint law of several tokens).
+
+    **Combined.** Each route at δ/2 (Bonferroni), the smaller kept: valid at 1 − δ, and never
+    above the better route at its own level δ by more than that route's cost of halving δ (for
+    McDiarmid √(ln(2/δ)/2m) − √(ln(1/δ)/2m)).
 
     Validation: ``tests/test_stats.py::TestTVUpperBound`` plants alternatives with known TV
     (p from a real bundled-model next-token law and from Zipf laws; q = p tilted toward a peaked or a
-    flat law, and q = p itself), draws 400 replicate samples for each at m from 2,000 to 50,000 and
-    checks the bound's miss rate is at most the nominal 1 − confidence (plus binomial slack).
+    flat law, q = p with mass moved onto one rare token, and q = p itself), draws 400 replicate
+    samples for each at m from 2,000 to 50,000 and checks each route's miss rate is at most the
+    nominal 1 − confidence (plus binomial slack).
 
     References
     ----------
     Wellek, S. (2010). Testing Statistical Hypotheses of Equivalence and Noninferiority. CRC.
+    McDiarmid, C. (1989). On the method of bounded differences. Surveys in Combinatorics 141, 148-188.
 
     Examples
     --------
     >>> rng = np.random.default_rng(5)
     >>> p = np.full(100, 0.01)
     >>> bound = tv_upper_bound(rng.multinomial(100_000, p), p)
-    >>> bound.upper < 0.03
-    True
+    >>> bound.upper < 0.03, bound.binding
+    (True, 'chi2')
     """
+    if route not in TV_ROUTES:
+        raise ValueError(f"route must be one of {list(TV_ROUTES)}, got {route!r}")
     counts, p, m = _counts_and_law(counts, p)
     if not 0.5 < confidence < 1.0:
         raise ValueError(f"confidence must lie in (0.5, 1), got {confidence!r}")
-    half = (1.0 - confidence) / 2.0
+    delta = 1.0 - confidence
+    share = delta / 2 if route == "combined" else delta
+    chi2 = _chi2_route(counts, p, m, share, floor) if route != "mcdiarmid" else None
+    mcd = tv_plugin(counts, p) + mcdiarmid_margin(m, share) if route != "chi2" else float("nan")
+    chi2_upper, chi2_up, p_tail, q_tail_up = chi2 if chi2 is not None else (float("nan"),) * 4
+    if route == "chi2" or (route == "combined" and chi2_upper <= mcd):
+        upper, binding = chi2_upper, "chi2"
+    else:
+        upper, binding = mcd, "mcdiarmid"
+    return TVBound(float(min(1.0, upper)), confidence, chi2_up, p_tail, q_tail_up, m,
+                   float(min(1.0, chi2_upper)), float(min(1.0, mcd)), binding)
+
+
+def mcdiarmid_margin(m: int, delta: float) -> float:
+    """√(ln(1/δ) / (2m)): how far TV can exceed the plug-in TV̂ with probability at most δ.
+
+    >>> round(mcdiarmid_margin(20_000, 0.005), 4)
+    0.0115
+    """
+    return float(np.sqrt(np.log(1.0 / delta) / (2 * m)))
+
+
+def _chi2_route(counts: np.ndarray, p: np.ndarray, m: int, delta: float, floor: float | None):
+    """(upper, χ²_A upper, p(T), q(T) upper) of the χ² → TV bound at error δ."""
+    half = delta / 2.0
     floor = _choose_floor(p, m, half) if floor is None else floor
     a = p >= floor
     tail = ~a & (p > 0)
@@ -552,23 +734,81 @@ def tv_upper_bound(counts, p, *, confidence: float = 0.99, floor: float | None =
         q_tail_up = 1.0 if tail_n == m else float(sps.beta.isf(half, tail_n + 1, m - tail_n))
     p_tail = float(p[tail].sum())
     upper = 0.5 * np.sqrt(p_a.sum() * chi2_up) + (0.5 * (p_tail + q_tail_up) if tail.any() else 0.0)
-    return TVBound(float(min(1.0, upper)), confidence, chi2_up, p_tail, q_tail_up, m)
+    return float(upper), float(chi2_up), p_tail, q_tail_up
+
+
+def _expected_chi2_route(p: np.ndarray, m: int, half: float, floor: float) -> float:
+    """The χ² route's bound expected under H0 at a given floor (Z ≈ 0, q(T) ≈ p(T))."""
+    z = sps.norm.isf(half)
+    a = p >= floor
+    p_tail = float(p[~a].sum())
+    q_tail = float(sps.beta.isf(half, m * p_tail + 1, m - m * p_tail)) if p_tail > 0 else 0.0
+    return 0.5 * np.sqrt(p[a].sum() * z * np.sqrt(2 * a.sum()) / m) + 0.5 * (p_tail + q_tail)
 
 
 def _choose_floor(p: np.ndarray, m: int, half: float) -> float:
     """The floor minimising the bound expected under H0 — a function of p and m only, never of the
     data, so choosing it costs no validity."""
-    z = sps.norm.isf(half)
-    best, best_floor = np.inf, 1.0 / m
-    for c in (0.5, 1, 2, 5, 10, 20, 50, 100):
-        floor = c / m
-        a = p >= floor
-        p_tail = float(p[~a].sum())
-        q_tail = float(sps.beta.isf(half, m * p_tail + 1, m - m * p_tail)) if p_tail > 0 else 0.0
-        expected = 0.5 * np.sqrt(p[a].sum() * z * np.sqrt(2 * a.sum()) / m) + 0.5 * (p_tail + q_tail)
-        if expected < best:
-            best, best_floor = expected, floor
-    return best_floor
+    floors = [c / m for c in (0.5, 1, 2, 5, 10, 20, 50, 100)]
+    return min(floors, key=lambda floor: _expected_chi2_route(p, m, half, floor))
+
+
+def expected_tv_plugin(p, m: int) -> float:
+    """E[TV̂] under H0 (samples from p itself), exactly: ½ Σ_i E|N_i/m − p_i| with N_i binomial,
+    by de Moivre's mean absolute deviation 2 m p (1 − p) b(⌊m p⌋; m − 1, p).
+
+    >>> round(expected_tv_plugin(np.full(2, 0.5), 2), 6)  # N_1 in {0, 1, 2}: |N_1/2 − 1/2| = 1/2, 0, 1/2
+    0.25
+    """
+    p = np.asarray(p, dtype=np.float64)
+    p = p[(p > 0) & (p < 1)]
+    mad = 2 * m * p * (1 - p) * sps.binom.pmf(np.floor(m * p), m - 1, p)  # E|N − m p|
+    return float(0.5 * mad.sum() / m)
+
+
+def expected_tv_bound(p, m: int, confidence: float = 0.99) -> dict[str, float]:
+    """Each route's bound (and the combined one) expected when the sampler is exactly p: what a
+    correct sampler's verdict will show at m samples, computed from p and m alone.
+
+    >>> b = expected_tv_bound(np.full(100, 0.01), 100_000)
+    >>> bool(b["combined"] == min(b["chi2 (δ/2)"], b["mcdiarmid (δ/2)"]))
+    True
+    """
+    p = np.asarray(p, dtype=np.float64)
+    delta = 1.0 - confidence
+    out = {}
+    for label, share in (("", delta), (" (δ/2)", delta / 2)):
+        out["chi2" + label] = float(min(_expected_chi2_route(p, m, share / 2, c / m)
+                                        for c in (0.5, 1, 2, 5, 10, 20, 50, 100)))
+        out["mcdiarmid" + label] = expected_tv_plugin(p, m) + mcdiarmid_margin(m, share)
+    out["combined"] = min(out["chi2 (δ/2)"], out["mcdiarmid (δ/2)"])
+    return out
+
+
+def plan_tv_bound_samples(p, eps: float, confidence: float = 0.99) -> dict[str, int]:
+    """Samples m at which a correct sampler's expected bound (:func:`expected_tv_bound`) reaches ε,
+    per route: {"chi2", "mcdiarmid", "combined"} (each route at the full level, combined at δ/2 each).
+
+    >>> plan = plan_tv_bound_samples(np.full(100, 0.01), 0.02)
+    >>> plan["combined"] <= 1.2 * min(plan["chi2"], plan["mcdiarmid"])
+    True
+    """
+    if not 0 < eps < 1:
+        raise ValueError(f"eps must lie in (0, 1), got {eps!r}")
+    plan = {}
+    for key in ("chi2", "mcdiarmid", "combined"):
+        def ok(m):
+            return expected_tv_bound(p, m, confidence)[key] <= eps
+        lo, hi = 1, 2
+        while not ok(hi):
+            lo, hi = hi, hi * 2
+            if hi > 2 ** 34:
+                raise ValueError(f"no sample size up to 2^34 reaches eps = {eps} by route {key}")
+        while hi - lo > max(1, hi // 1000):
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+        plan[key] = int(hi)
+    return plan
 
 
 # ------------------------------------------------------------------------------------------ planning

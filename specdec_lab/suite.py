@@ -1,15 +1,20 @@
 """The verification suite: every test of :mod:`specdec_lab.stats` run on one sample set.
 
-The target law is scored exactly (one cached forward of the target over the sampled tokens), then
+The target law is scored exactly (one cached forward of the target over the sampled tokens, and
+the exact joint law of the first two tokens, enumerated over all V² pairs), then
 
 - the first token after the prompt: Pearson and G (tail merged, tail tested), ADK, plug-in TV,
   Miller–Madow KL and the TV upper bound;
-- all L positions: per-prefix conditional G tests with Holm, randomized PIT with KS, and the
-  log-probability z-test.
+- the first two tokens jointly (when L >= 2): ADK against the exact joint law, the TV upper bound
+  on the joint law, and the **collision test of independence** (colliding pairs of two-token
+  prefixes against their exact null);
+- all L positions: per-prefix conditional G tests with Holm, randomized PIT with KS (all positions
+  pooled, and each position alone with Holm), and the log-probability z-test.
 
 The suite's p-values are combined with Holm. The verdict: **rejected** when the Holm-adjusted global
-p-value is below α; **equivalent** when not rejected and the TV upper bound on the first-token law is
-below ε; **inconclusive** otherwise (more samples needed; the planner says how many).
+p-value is below α; **equivalent** when not rejected and every required TV upper bound is below its
+tolerance (the first-token bound below ε; with ``joint_tolerance`` set, also the joint two-token
+bound below it); **inconclusive** otherwise (more samples needed; the planner says how many).
 """
 
 from __future__ import annotations
@@ -27,10 +32,11 @@ from specdec_lab.samplers.decoder import Decoder
 @dataclass(frozen=True)
 class SuiteSettings:
     alpha: float = 0.01  # per sample set, Holm across the suite's tests
-    tolerance: float = 0.02  # ε: a pass needs TV upper bound <= ε
-    confidence: float = 0.99  # of the TV upper bound
+    tolerance: float = 0.02  # ε: a pass needs the first-token TV upper bound <= ε
+    joint_tolerance: float | None = None  # also the two-token joint bound <= this (None: reported only)
+    confidence: float = 0.99  # of each TV upper bound
     min_prefix_count: int = 200  # prefixes visited this often get their own conditional test
-    n_resamples: int = 5000  # Monte Carlo draws for ADK
+    n_resamples: int = 5000  # Monte Carlo draws for ADK and the collision test
 
 
 @dataclass
@@ -43,6 +49,7 @@ class Scores:
     varentropy: np.ndarray
     first_law: np.ndarray  # (V,) p(· | prompt)
     prefix_laws: dict  # (t, prefix tokens) -> (V,) p(· | prompt, prefix) for frequent prefixes
+    pair_law: np.ndarray | None = None  # (V * V,) exact joint law of the first two tokens, x1 * V + x2
 
 
 def frequent_prefixes(tokens: np.ndarray, min_count: int) -> dict:
@@ -56,9 +63,24 @@ def frequent_prefixes(tokens: np.ndarray, min_count: int) -> dict:
 
 
 @torch.no_grad()
+def pair_law(pair, prompt_ids: torch.Tensor, sampling: SamplingConfig) -> np.ndarray:
+    """Exact joint law (V * V,) of the first two tokens after the prompt, cell x1 * V + x2: one
+    forward of V chains, each the prompt followed by one candidate first token."""
+    V = pair.vocab_size
+    decoder = Decoder(pair.target, V, V, pair.device)
+    decoder.prefill(prompt_ids[:-1])
+    inputs = torch.stack([prompt_ids[-1:].to(pair.device).expand(V), torch.arange(V, device=pair.device)], 1)
+    p = to_probs(decoder.feed(inputs), sampling).double().cpu()  # (V, 2, V)
+    return (p[0, 0][:, None] * p[:, 1]).reshape(-1).numpy()  # (V * V,)
+
+
+@torch.no_grad()
 def score(pair, prompt_ids: torch.Tensor, tokens: np.ndarray, sampling: SamplingConfig,
-          min_prefix_count: int = 200, chunk: int = 1024) -> Scores:
-    """Score sampled tokens (N, L) under the exact target law p (after ``sampling``)."""
+          min_prefix_count: int = 200, chunk: int = 1024, joint: np.ndarray | None = None) -> Scores:
+    """Score sampled tokens (N, L) under the exact target law p (after ``sampling``).
+
+    ``joint``: the two-token law from :func:`pair_law` when the caller already has it (rows that
+    share a prompt and sampling settings share it); computed here when L >= 2 and not given."""
     N, L = tokens.shape
     wanted = frequent_prefixes(tokens, min_prefix_count)
     by_row = {}
@@ -87,7 +109,47 @@ def score(pair, prompt_ids: torch.Tensor, tokens: np.ndarray, sampling: Sampling
         for row in (r for r in by_row if start <= r < start + n):
             for key in by_row[row]:
                 prefix_laws[key] = p[row - start, key[0]].cpu().numpy()
-    return Scores(out["p_x"], out["cdf_below"], out["entropy"], out["varentropy"], first_law, prefix_laws)
+    if L >= 2 and joint is None:
+        joint = pair_law(pair, prompt_ids, sampling)
+    return Scores(out["p_x"], out["cdf_below"], out["entropy"], out["varentropy"], first_law, prefix_laws,
+                  joint if L >= 2 else None)
+
+
+def draw_pairs(pair_law_: np.ndarray, m: int, rng: np.random.Generator) -> np.ndarray:
+    """m i.i.d. two-token samples (m, 2) drawn straight from an exact joint law (V * V,): the
+    suite's input under H0 (or under a planted fault's exact law) without running a sampler."""
+    V = int(round(np.sqrt(len(pair_law_))))
+    cells = rng.choice(len(pair_law_), size=m, p=pair_law_ / pair_law_.sum())
+    return np.stack([cells // V, cells % V], axis=1)
+
+
+def scores_from_law(tokens: np.ndarray, target_pair_law: np.ndarray, min_prefix_count: int = 200) -> Scores:
+    """The :class:`Scores` of two-token samples (N, 2), read off the target's exact joint law
+    (V * V,) instead of a model forward: what :func:`score` returns for the same tokens."""
+    N, L = tokens.shape
+    if L != 2:
+        raise ValueError(f"scores_from_law scores two-token samples, got L = {L}")
+    V = int(round(np.sqrt(len(target_pair_law))))
+    joint = target_pair_law.reshape(V, V)
+    first = joint.sum(1)  # (V,)
+    cond = joint / np.where(first > 0, first, 1.0)[:, None]  # (V, V) p(x2 | x1)
+    tables = np.concatenate([first[None], cond])  # (1 + V, V): row 0 the first law, row 1 + x1 the second
+    logp = np.log(np.where(tables > 0, tables, 1.0))
+    entropy = -(tables * logp).sum(1)  # (1 + V,)
+    varentropy = (tables * logp ** 2).sum(1) - entropy ** 2
+    below = np.cumsum(tables, axis=1) - tables  # (1 + V, V)
+    rows = np.stack([np.zeros(N, dtype=np.int64), 1 + tokens[:, 0]], axis=1)  # (N, 2) table row per position
+    out = {"p_x": tables[rows, tokens], "cdf_below": below[rows, tokens], "entropy": entropy[rows],
+           "varentropy": varentropy[rows]}
+    prefix_laws = {(1, (int(x),)): cond[x] for x in frequent_first(tokens, min_prefix_count)}
+    return Scores(out["p_x"], out["cdf_below"], out["entropy"], out["varentropy"], first, prefix_laws,
+                  target_pair_law)
+
+
+def frequent_first(tokens: np.ndarray, min_count: int) -> np.ndarray:
+    """First tokens seen at least ``min_count`` times."""
+    values, counts = np.unique(tokens[:, 0], return_counts=True)
+    return values[counts >= min_count]
 
 
 @dataclass
@@ -102,15 +164,29 @@ class SuiteResult:
     verdict: str  # "equivalent" | "rejected" | "inconclusive"
     verdict_text: str
     impossible_tokens: int
+    joint_bound: stats.TVBound | None = None  # TV of the first two tokens' joint law (L >= 2)
+    joint_tv_plugin: float = float("nan")
+    length: int = 1
+    rejected_by: tuple = ()  # tests whose Holm-adjusted p-value is below α
+
+    @property
+    def independence_pvalue(self) -> float:
+        test = self.tests.get(COLLISIONS)
+        return float("nan") if test is None else test.pvalue
 
     def rows(self) -> list[dict]:
         """One row per test, for the verdict table."""
         rows = []
+        joint = float("nan") if self.joint_bound is None else self.joint_bound.upper
         for test, res in self.tests.items():
             rows.append({"sampler": self.name, "test": test, "statistic": res.statistic,
-                         "pvalue": res.pvalue, "m": self.m, "tv_plugin": self.tv_plugin,
-                         "tv_upper": self.tv_bound.upper, "kl_mm": self.kl, "verdict": self.verdict})
+                         "pvalue": res.pvalue, "m": self.m, "L": self.length, "tv_plugin": self.tv_plugin,
+                         "tv_upper": self.tv_bound.upper, "tv_upper_joint": joint, "kl_mm": self.kl,
+                         "verdict": self.verdict})
         return rows
+
+
+COLLISIONS = "collisions (first two tokens)"
 
 
 def run_suite(name: str, tokens: np.ndarray, scores: Scores, settings: SuiteSettings,
@@ -121,12 +197,22 @@ def run_suite(name: str, tokens: np.ndarray, scores: Scores, settings: SuiteSett
     first = np.bincount(tokens[:, 0], minlength=len(scores.first_law))
     p0 = scores.first_law
     if impossible:
-        return _impossible(name, N, impossible, settings)
+        return _impossible(name, N, impossible, settings, L)
     tests = {
         "pearson (first token)": stats.chisquare_identity(first, p0, statistic="pearson", rng=rng),
         "G (first token)": stats.chisquare_identity(first, p0, statistic="g", rng=rng),
         "ADK (first token)": stats.adk_identity(first, p0, n_resamples=settings.n_resamples, rng=rng),
     }
+    joint_bound, joint_plugin = None, float("nan")
+    if L >= 2 and scores.pair_law is not None:
+        V = len(p0)
+        pairs = np.bincount(stats.pair_cells(tokens[:, 0], tokens[:, 1], V), minlength=V * V)
+        tests["ADK (first two tokens, joint)"] = stats.adk_identity(pairs, scores.pair_law,
+                                                                   n_resamples=settings.n_resamples, rng=rng)
+        tests[COLLISIONS] = stats.collision_test(pairs, scores.pair_law, n_resamples=settings.n_resamples,
+                                                 rng=rng)
+        joint_bound = stats.tv_upper_bound(pairs, scores.pair_law, confidence=settings.confidence)
+        joint_plugin = stats.tv_plugin(pairs, scores.pair_law)
     u = stats.randomized_pit(scores.cdf_below, scores.p_x, rng)  # (N, L)
     if L > 1:
         keys = np.array([f"{t}:" + ",".join(map(str, row[:t])) for t in range(1, L) for row in tokens])
@@ -136,31 +222,48 @@ def run_suite(name: str, tokens: np.ndarray, scores: Scores, settings: SuiteSett
             keys, nexts, laws.__getitem__, pit=u[:, 1:].T.ravel(), min_count=settings.min_prefix_count,
             alpha=settings.alpha, rng=rng)
     tests["randomized PIT KS (all positions)"] = stats.pit_ks_test(u)
+    if L > 1:  # a bug at one position (a bonus token at K+1) is diluted in the pooled KS
+        tests["randomized PIT KS by position, Holm"] = stats.holm(
+            [stats.pit_ks_test(u[:, t]).pvalue for t in range(L)], settings.alpha)
     tests["log-prob z (all positions)"] = stats.logprob_ztest(np.log(scores.p_x), scores.entropy,
                                                               scores.varentropy)
-    pvalues = [r.pvalue for r in tests.values()]
-    pvalues += [r.tail_pvalue for r in tests.values()
-                if isinstance(r, stats.ChiSquareResult) and not np.isnan(r.tail_pvalue)]
-    global_p = stats.holm(pvalues, settings.alpha).pvalue
+    names = list(tests)
+    pvalues = [tests[t].pvalue for t in names]
+    for t in list(names):
+        r = tests[t]
+        if isinstance(r, stats.ChiSquareResult) and not np.isnan(r.tail_pvalue):
+            names.append(f"{t} tail")
+            pvalues.append(r.tail_pvalue)
+    holm = stats.holm(pvalues, settings.alpha)
+    rejected_by = tuple(t for t, adj in zip(names, holm.adjusted) if adj < settings.alpha)
     bound = stats.tv_upper_bound(first, p0, confidence=settings.confidence)
-    verdict, text = _verdict(global_p, bound, settings, N, len(p0))
+    verdict, text = _verdict(holm.pvalue, bound, joint_bound, settings, N, rejected_by)
     return SuiteResult(name, N, tests, stats.tv_plugin(first, p0), bound, stats.kl_miller_madow(first, p0),
-                       global_p, verdict, text, 0)
+                       holm.pvalue, verdict, text, 0, joint_bound, joint_plugin, L, rejected_by)
 
 
-def _verdict(global_p: float, bound: stats.TVBound, settings: SuiteSettings, m: int, V: int):
+def _verdict(global_p: float, bound: stats.TVBound, joint: stats.TVBound | None, settings: SuiteSettings,
+             m: int, rejected_by: tuple = ()):
     conf = f"{100 * settings.confidence:g}%"
     if global_p < settings.alpha:
-        return "rejected", f"differs from the target law (Holm p = {global_p:.2g} < α = {settings.alpha:g})"
-    if bound.upper <= settings.tolerance:
-        return "equivalent", (f"TV ≤ {bound.upper:.4f} at {conf} confidence: equivalent within "
-                              f"ε = {settings.tolerance:g}")
-    return "inconclusive", (f"not rejected, but TV ≤ {bound.upper:.4f} at {conf} exceeds ε = "
-                            f"{settings.tolerance:g}; collect more samples (m = {m})")
+        return "rejected", (f"differs from the target law (Holm p = {global_p:.2g} < α = {settings.alpha:g}; "
+                            f"rejected by {', '.join(rejected_by)})")
+    said = f"first token TV ≤ {bound.upper:.4f} ({bound.binding})"
+    if joint is not None:
+        said += f", first two tokens TV ≤ {joint.upper:.4f} ({joint.binding})"
+    need_joint = settings.joint_tolerance is not None
+    if need_joint and joint is None:
+        raise ValueError("joint_tolerance needs samples of at least 2 tokens")
+    within = bound.upper <= settings.tolerance and (not need_joint or joint.upper <= settings.joint_tolerance)
+    tolerance = f"ε = {settings.tolerance:g}" + (f" (joint: {settings.joint_tolerance:g})" if need_joint else "")
+    if within:
+        return "equivalent", f"{said} at {conf} confidence: equivalent within {tolerance}"
+    return "inconclusive", f"not rejected, but {said} at {conf} exceeds {tolerance}; collect more samples (m = {m})"
 
 
-def _impossible(name, N, count, settings) -> SuiteResult:
+def _impossible(name, N, count, settings, L) -> SuiteResult:
     never = stats.ZResult(float(count), 0.0, N)
     bound = stats.TVBound(1.0, settings.confidence, float("inf"), 0.0, 1.0, N)
     return SuiteResult(name, N, {"impossible tokens": never}, float("nan"), bound, float("nan"), 0.0,
-                       "rejected", f"emitted {count} token(s) the target law gives probability 0", count)
+                       "rejected", f"emitted {count} token(s) the target law gives probability 0", count,
+                       bound if L >= 2 else None, float("nan"), L, ("impossible tokens",))

@@ -3,8 +3,16 @@
 Correct samplers (naive; speculative K=4 at temperature 1 and 0.7 and with top-p; the point-mass
 draft; Medusa tree verification with both lossless rejection rules) must come out **equivalent**
 (TV upper bound below ε); every negative control in :data:`specdec_lab.samplers.faulty.FAULTY` and
-:data:`~specdec_lab.samplers.faulty.TREE_FAULTY`, and Medusa's lossy typical acceptance, must come
-out **rejected**. Anything else fails the run.
+:data:`~specdec_lab.samplers.faulty.TREE_FAULTY`, the overlapping-streams control
+(:class:`~specdec_lab.samplers.faulty.OverlappingStreams`) and Medusa's lossy typical acceptance
+must come out **rejected**. Anything else fails the run.
+
+The tested window: by default each row draws enough tokens that every position its algorithm
+treats differently falls inside it — a speculative row with K drafts gets L = K + 2 (draft
+positions 1..K, the bonus token at K+1 after K accepts, and the first token of the next block,
+drafted from the carried-over d_K); a Medusa row gets its tree depth + 2; a naive row gets L = 2,
+the two tokens whose joint law is enumerated exactly (naive sampling has no block structure to
+cover). ``--length L`` sets one L for every row instead.
 """
 
 from __future__ import annotations
@@ -19,31 +27,40 @@ import torch
 from specdec_lab import exact, report, stats
 from specdec_lab.collect import collect
 from specdec_lab.sampling import SamplingConfig
-from specdec_lab.samplers.faulty import FAULTY, TREE_FAULTY
+from specdec_lab.samplers.faulty import FAULTY, TREE_FAULTY, OverlappingStreams
 from specdec_lab.samplers.medusa import MedusaConfig, heads_for, medusa_rates
 from specdec_lab.samplers.naive import NaiveConfig
 from specdec_lab.samplers.rules import POINT_MASS
 from specdec_lab.samplers.speculative import SpeculativeConfig
 from specdec_lab.samplers.tree import Tree
-from specdec_lab.suite import SuiteSettings, run_suite, score
+from specdec_lab.suite import SuiteSettings, pair_law, run_suite, score
 
 
 @dataclass(frozen=True)
 class Scale:
     correct_samples: int  # per correct sampler: sized so the TV bound reaches the tolerance
     faulty_samples: int  # per negative control: enough to reject the smallest planted effect
-    length: int  # new tokens per sample
-    tolerance: float  # ε of the equivalence verdict
+    length: int | None  # new tokens per sample; None: each row's own window (see window_length)
+    tolerance: float  # ε of the equivalence verdict (first-token TV bound)
+    joint_tolerance: float | None = None  # the joint two-token TV bound must also be below this
     # lossless Medusa rows (each feeds 4 tokens per chain per pass, ≈ 3-5x a naive row on a CPU):
     # the i.i.d. flavour by default (it accepts more, so it is the cheaper one), both at full scale
     medusa_lossless: tuple = ("rejection_iid",)
     medusa: bool = True  # run the Medusa rows at all (smoke: off, it checks the pipeline quickly)
+    n_resamples: int = 5000  # Monte Carlo draws per calibrated test (ADK, collisions): p-values down to 2e-4
 
 
+# Sample sizes: stats.plan_tv_bound_samples on the bundled target's laws after DEFAULT_PROMPT says a
+# correct sampler's expected combined bound reaches 0.02 on the first token at m ≈ 30,000, 0.01 at
+# ≈ 144,000; on the first two tokens' joint law 0.025 at ≈ 169,000, 0.02 at ≈ 278,000 and 0.01 at
+# ≈ 1.29 M (out of reach on a CPU). The bound fluctuates around its expectation (its χ² part by ~1.35x
+# at +2.3 sd), so the scales keep a margin of about 2x in m over the planned value for each bound
+# they rest on.
 SCALES = {
-    "smoke": Scale(1_000, 2_000, 3, 0.02, medusa=False),  # under a minute; tests the pipeline, lossless verdicts inconclusive
-    "default": Scale(80_000, 10_000, 3, 0.02),  # ≈ 12-16 minutes on 2 CPU cores (Medusa rows included)
-    "full": Scale(320_000, 20_000, 3, 0.01, ("rejection_iid", "rejection_topk")),  # ≈ 30 minutes on 2 CPU cores
+    "smoke": Scale(1_000, 2_000, None, 0.02, medusa=False, n_resamples=999),  # tests the pipeline, lossless verdicts inconclusive
+    "default": Scale(80_000, 10_000, None, 0.02),  # first-token bound <= 0.02; joint bound reported
+    # full: the verdict rests on the joint bound too (<= 0.025 on the first two tokens, <= 0.01 on the first)
+    "full": Scale(320_000, 20_000, None, 0.01, 0.025, ("rejection_iid", "rejection_topk")),
 }
 
 DEFAULT_PROMPT = "ROMEO:\n"
@@ -69,10 +86,42 @@ class VerifyOptions:
     out: Path = Path("reports")
     progress: bool = True
     medusa: bool | None = None  # Medusa rows (need the bundled heads); None: on for the bundled pair in run_verify
+    length: int | None = None  # new tokens per sample for every row; None: the scale's, else each row's window
 
     def __post_init__(self) -> None:
         if self.scale not in SCALES:
             raise ValueError(f"unknown scale {self.scale!r}; valid scales: {', '.join(SCALES)}")
+        if self.length is not None and (not isinstance(self.length, int) or self.length < 1):
+            raise ValueError(f"length must be an integer >= 1, got {self.length!r}")
+
+
+def _base(sampler):
+    return sampler.base if isinstance(sampler, OverlappingStreams) else sampler
+
+
+def window_length(sampler) -> int:
+    """Tokens a row must draw so every position its algorithm treats differently is tested: K + 2
+    for speculative sampling (drafts 1..K, bonus K+1, the next block's first token), tree depth + 2
+    for Medusa, 2 for naive sampling (the exactly enumerated two-token joint law)."""
+    sampler = _base(sampler)
+    if isinstance(sampler, SpeculativeConfig):
+        return sampler.k + 2
+    if isinstance(sampler, MedusaConfig):
+        return sampler.tree.depth + 2
+    return 2
+
+
+def row_length(sampler, options: VerifyOptions) -> int:
+    """The L a row runs at: ``--length`` if given, else the scale's, else :func:`window_length`."""
+    return options.length or SCALES[options.scale].length or window_length(sampler)
+
+
+def uncovered(sampler, length: int) -> str:
+    """'' when the window covers the row's draft positions and bonus token, else what it misses."""
+    sampler = _base(sampler)
+    if isinstance(sampler, SpeculativeConfig) and length < sampler.k + 1:
+        return f"L = {length} < K + 1 = {sampler.k + 1}: draft positions {length + 1}..{sampler.k} and the bonus untested"
+    return ""
 
 
 def samplers_to_run(options: VerifyOptions) -> list[tuple[str, object, bool]]:
@@ -91,8 +140,13 @@ def samplers_to_run(options: VerifyOptions) -> list[tuple[str, object, bool]]:
     for name, verifier in FAULTY.items():
         needs = dict(verifier.needs or {})
         k = needs.pop("k", options.k)
+        if row_length(SpeculativeConfig(k=options.k), options) >= options.k + 1:
+            k = options.k  # the window holds the bonus token at K: test the bug at the K under test
         runs.append((f"faulty: {name}", SpeculativeConfig(k=k, sampling=replace(base, **needs),
                                                           verifier=verifier), False))
+    streams = OverlappingStreams(spec)
+    runs.append((f"faulty: overlapping_streams (seed + i, {streams.requests_per_batch} requests per batch)",
+                 streams, False))
     if options.medusa and SCALES[options.scale].medusa:
         runs += medusa_runs(base, SCALES[options.scale].medusa_lossless)
     return runs
@@ -121,6 +175,7 @@ def exact_tv(pair, prompt_ids: torch.Tensor, sampler, length: int) -> float:
     if isinstance(sampler, MedusaConfig):  # first token only
         law, p = exact.medusa_first_token_law(pair, heads_for(pair), prompt_ids, sampler)
         return float("nan") if law is None else float(exact.tv(law, p))
+    sampler = _base(sampler)  # overlapping streams: every draw follows the wrapped sampler's law
     if not isinstance(sampler, SpeculativeConfig):
         return 0.0
     if sampler.trim:
@@ -138,25 +193,32 @@ def run_verify(pair, options: VerifyOptions) -> dict:
     options = replace(options, medusa=bundled if options.medusa is None else options.medusa and bundled)
     folder = options.out / time.strftime("%Y%m%d-%H%M%S")
     (folder / "samples").mkdir(parents=True, exist_ok=True)
-    settings = SuiteSettings(tolerance=scale.tolerance)
+    settings = SuiteSettings(tolerance=scale.tolerance, joint_tolerance=scale.joint_tolerance,
+                             n_resamples=scale.n_resamples)
     rng = np.random.default_rng(options.seed)
-    entries, first_laws, pits = [], {}, {}
+    entries, first_laws, pits, joints = [], {}, {}, {}
     for index, (name, sampler, lossless) in enumerate(samplers_to_run(options)):
         n = (options.samples or scale.correct_samples) if lossless else scale.faulty_samples
+        length = row_length(sampler, options)
         file = folder / "samples" / f"{index:02d}-{_slug(name)}.parquet"
         started = time.time()
         prompt = options.medusa_prompt if isinstance(sampler, MedusaConfig) else options.prompt
         prompt_ids = pair.encode(prompt)
-        samples = collect(pair, sampler, prompt, n, scale.length, options.seed + index, file,
+        samples = collect(pair, sampler, prompt, n, length, options.seed + index, file,
                           progress=options.progress)
         tokens = samples.tokens()
-        scores = score(pair, prompt_ids, tokens, sampler.sampling, settings.min_prefix_count)
+        key = (prompt, sampler.sampling)  # rows sharing a prompt and settings share the enumerated law
+        if length >= 2 and key not in joints:
+            joints[key] = pair_law(pair, prompt_ids, sampler.sampling)
+        scores = score(pair, prompt_ids, tokens, sampler.sampling, settings.min_prefix_count,
+                       joint=joints.get(key))
         suite = run_suite(name, tokens, scores, settings, rng)
         run_stats = samples.meta.get("stats")
         if isinstance(sampler, MedusaConfig) and run_stats:  # rates from the merged counts
             run_stats = medusa_rates(run_stats, sampler.tree.depth)
         entries.append({"suite": suite, "lossless": lossless, "stats": run_stats,
-                        "exact_tv": exact_tv(pair, prompt_ids, sampler, scale.length)})
+                        "exact_tv": exact_tv(pair, prompt_ids, sampler, length),
+                        "uncovered": uncovered(sampler, length)})
         if index == 0:  # the naive run is scored at the base settings: its first law is the target's
             exact_first = scores.first_law
         # figures: naive and the first speculative run beside the negative controls
@@ -165,7 +227,8 @@ def run_verify(pair, options: VerifyOptions) -> dict:
         if index < 2 or (not lossless and len(pits) < 8):
             pits[name] = stats.randomized_pit(scores.cdf_below, scores.p_x, rng)
         if options.progress:
-            print(f"  {name:<42} m={n:<7} {suite.verdict:<12} ({time.time() - started:.0f}s)", flush=True)
+            print(f"  {name:<42} m={n:<7} L={length:<2} {suite.verdict:<12} ({time.time() - started:.0f}s)",
+                  flush=True)
     summary = report.summary_table(entries)
     table = report.verdict_table(entries)
     report.plot_tv_bounds(summary, scale.tolerance, folder / "tv_bounds.png")
@@ -188,11 +251,17 @@ def _write_markdown(folder, summary, table, options, scale, pair, passed) -> Non
         "",
         f"Models: `{pair.identity.get('pair')}` (target sha256 `{pair.identity.get('target_sha256', '')[:16]}…`, "
         f"draft sha256 `{pair.identity.get('draft_sha256', '')[:16]}…`), vocabulary {pair.vocab_size}.",
-        f"Prompt {options.prompt!r} (Medusa rows: {options.medusa_prompt!r}), L = {scale.length} new tokens, K = {options.k}, seed {options.seed}, "
-        f"scale `{options.scale}`, ε = {scale.tolerance:g}, α = 0.01 per sampler (Holm across its tests).",
+        f"Prompt {options.prompt!r} (Medusa rows: {options.medusa_prompt!r}), {_window_words(options, scale)}, "
+        f"K = {options.k}, seed {options.seed}, scale `{options.scale}`, ε = {scale.tolerance:g} on the first token"
+        + (f" and {scale.joint_tolerance:g} on the first two tokens' joint law" if scale.joint_tolerance else
+           " (the joint two-token bound is reported)")
+        + ", α = 0.01 per sampler (Holm across its tests).",
         "",
         f"**Overall: {'PASS' if passed else 'FAIL'}** — every lossless sampler must be *equivalent*, "
         "every negative control *rejected*.",
+        "",
+        *[f"**Window warning** — {row['sampler']}: {row['window']}" for _, row in summary.iterrows()
+          if row.get("window")],
         "",
         "## Summary",
         "",
@@ -208,3 +277,11 @@ def _write_markdown(folder, summary, table, options, scale, pair, passed) -> Non
         "",
     ]
     (folder / "report.md").write_text("\n".join(lines))
+
+
+def _window_words(options: VerifyOptions, scale: Scale) -> str:
+    fixed = options.length or scale.length
+    if fixed:
+        return f"L = {fixed} new tokens per row"
+    return ("L = K + 2 new tokens per speculative row (every draft position, the bonus token and the next "
+            "block's first token), tree depth + 2 per Medusa row, 2 per naive row")

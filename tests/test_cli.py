@@ -14,13 +14,33 @@ def test_verify_smoke_writes_report(tmp_path, capsys):
     for name in ("report.md", "summary.csv", "tests.csv", "tv_bounds.png", "first_token.png", "pit.png"):
         assert (folder / name).stat().st_size > 0, name
     summary = pd.read_csv(folder / "summary.csv")
-    assert len(summary) == 5 + len(FAULTY)
+    assert len(summary) == 5 + len(FAULTY) + 1  # + the overlapping-streams control
     assert set(summary.verdict) <= {"equivalent", "rejected", "inconclusive"}
     # the big negative controls are caught even at smoke scale
     for name in ("always_accept", "residual_from_q", "swapped_ratio"):
         assert summary.set_index("sampler").loc[f"faulty: {name}", "verdict"] == "rejected"
     assert len(list((folder / "samples").glob("*.parquet"))) == len(summary)
     assert "TV upper 99%" in out and "report:" in out
+    # every speculative row's window holds its draft positions and bonus token (L = K + 2)
+    rows = summary.set_index("sampler")
+    assert rows.loc["speculative K=4 T=1", "L"] == 6 and rows.loc["faulty: bonus_wrong_position", "L"] == 6
+    assert {"TV upper 99% (2 tokens)", "independence p", "route"} <= set(summary.columns)
+
+
+def test_verify_length_option(tmp_path):
+    from specdec_lab.verify import SCALES, VerifyOptions, row_length, samplers_to_run, uncovered
+
+    options = VerifyOptions(scale="smoke", length=3)
+    runs = dict((name, s) for name, s, _ in samplers_to_run(options))
+    assert all(row_length(s, options) == 3 for s in runs.values())
+    assert runs["faulty: bonus_wrong_position"].k == 1  # a window of 3 cannot hold K=4's bonus: K=1
+    assert "bonus untested" in uncovered(runs["speculative K=4 T=1"], 3)
+    default = VerifyOptions()
+    assert SCALES["default"].length is None
+    by_name = {name: s for name, s, _ in samplers_to_run(default)}
+    assert by_name["faulty: bonus_wrong_position"].k == 4  # the bonus bug at the K under test
+    assert row_length(by_name["faulty: bonus_wrong_position"], default) == 6 and not uncovered(
+        by_name["faulty: bonus_wrong_position"], 6)
 
 
 def test_bad_temperature_is_a_clear_error(tmp_path, capsys):

@@ -193,13 +193,18 @@ class TestTVUpperBound:
 
     @staticmethod
     def planted(p, kind, strength):
+        if kind == "rare":  # mass `strength` moved from the whole law onto one token of p ≈ 1e-4
+            q = (1 - strength) * p
+            q[np.argmin(np.abs(np.log(p + 1e-300) - np.log(1e-4)))] += strength
+            return q, 0.5 * np.abs(q - p).sum()
         other = {"peaked": np.eye(len(p))[np.argsort(p)[len(p) // 2]], "flat": np.full(len(p), 1 / len(p)),
                  "shifted": np.roll(p, 3)}[kind]
         q = (1 - strength) * p + strength * other
         return q, 0.5 * np.abs(q - p).sum()
 
     @pytest.mark.parametrize("law", ["real", "zipf"])
-    @pytest.mark.parametrize("kind,strength", [("null", 0.0), ("peaked", 0.02), ("flat", 0.05), ("shifted", 0.03)])
+    @pytest.mark.parametrize("kind,strength", [("null", 0.0), ("peaked", 0.02), ("flat", 0.05), ("shifted", 0.03),
+                                               ("rare", 0.01)])
     @pytest.mark.parametrize("m", [2_000, 50_000])
     def test_coverage(self, real_law, law, kind, strength, m):
         p = real_law if law == "real" else zipf(512)
@@ -209,6 +214,56 @@ class TestTVUpperBound:
         misses = sum(stats.tv_upper_bound(rng.multinomial(m, q), p, confidence=0.95).upper < true_tv
                      for _ in range(reps))
         assert misses / reps <= binomial_slack(0.05, reps)
+
+    @pytest.mark.parametrize("route", ["chi2", "mcdiarmid"])
+    @pytest.mark.parametrize("kind,strength", [("peaked", 0.02), ("rare", 0.01), ("shifted", 0.03)])
+    def test_each_route_covers_at_its_own_level(self, real_law, route, kind, strength):
+        q, true_tv = self.planted(real_law, kind, strength)
+        rng = np.random.default_rng(hash((route, kind)) % 2**32)
+        reps = 400
+        misses = sum(stats.tv_upper_bound(rng.multinomial(20_000, q), real_law, confidence=0.95,
+                                          route=route).upper < true_tv for _ in range(reps))
+        assert misses / reps <= binomial_slack(0.05, reps)
+
+    def test_mcdiarmid_rescues_a_deviation_on_a_rare_token(self, real_law):
+        """TV 0.01 moved onto one rare token: χ² → TV (Cauchy–Schwarz) is very loose, McDiarmid is not."""
+        q, tv = self.planted(real_law, "rare", 0.01)
+        bound = stats.tv_upper_bound(np.random.default_rng(11).multinomial(20_000, q), real_law)
+        assert bound.chi2_route > 0.3 and bound.mcdiarmid_route < 0.05
+        assert bound.binding == "mcdiarmid" and tv <= bound.upper == bound.mcdiarmid_route
+
+    def test_combined_costs_at_most_the_bonferroni_split(self, real_law):
+        """combined(δ) <= the better route at its own δ + that route's cost of running at δ/2."""
+        rng = np.random.default_rng(12)
+        for kind, strength, m in [("null", 0, 5_000), ("null", 0, 80_000), ("rare", 0.01, 20_000),
+                                  ("peaked", 0.02, 20_000), ("flat", 0.05, 2_000)]:
+            q = real_law if kind == "null" else self.planted(real_law, kind, strength)[0]
+            for _ in range(20):
+                counts = rng.multinomial(m, q)
+                full = {r: stats.tv_upper_bound(counts, real_law, route=r).upper for r in ("chi2", "mcdiarmid")}
+                half = {r: stats.tv_upper_bound(counts, real_law, confidence=0.995, route=r).upper
+                        for r in ("chi2", "mcdiarmid")}
+                combined = stats.tv_upper_bound(counts, real_law)
+                assert combined.upper == pytest.approx(min(half.values()))
+                best = min(full, key=full.get)
+                assert combined.upper <= full[best] + (half[best] - full[best]) + 1e-12
+                # McDiarmid's cost is explicit: sqrt(ln(2/δ)/2m) − sqrt(ln(1/δ)/2m)
+                cost = stats.mcdiarmid_margin(m, 0.005) - stats.mcdiarmid_margin(m, 0.01)
+                assert half["mcdiarmid"] - full["mcdiarmid"] == pytest.approx(cost)
+
+    def test_expected_bound_matches_simulation_under_h0(self, real_law):
+        rng = np.random.default_rng(13)
+        m = 20_000
+        expected = stats.expected_tv_bound(real_law, m)
+        sims = [stats.tv_upper_bound(rng.multinomial(m, real_law), real_law) for _ in range(100)]
+        plug = np.mean([stats.tv_plugin(rng.multinomial(m, real_law), real_law) for _ in range(200)])
+        assert stats.expected_tv_plugin(real_law, m) == pytest.approx(plug, rel=0.03)
+        assert np.mean([b.mcdiarmid_route for b in sims]) == pytest.approx(expected["mcdiarmid (δ/2)"], rel=0.05)
+        assert np.mean([b.upper for b in sims]) == pytest.approx(expected["combined"], rel=0.25)
+
+    def test_bad_route(self):
+        with pytest.raises(ValueError, match="route must be one of"):
+            stats.tv_upper_bound([5, 5], [0.5, 0.5], route="hoeffding")
 
     def test_bound_shrinks_with_m_and_passes_correct_samples(self, real_law):
         rng = np.random.default_rng(9)
@@ -220,6 +275,65 @@ class TestTVUpperBound:
         q, tv = self.planted(real_law, "flat", 0.5)
         bound = stats.tv_upper_bound(np.random.default_rng(0).multinomial(50_000, q), real_law)
         assert bound.upper >= tv
+
+
+class TestCollision:
+    """The collision test's null moments, calibration, and power against replayed random streams."""
+
+    def test_null_moments_match_the_formulas(self, real_law):
+        m = 3_000
+        rng = np.random.default_rng(20)
+        C, S = stats._collision_null(real_law, m, 20_000, rng)
+        s2, s3, pairs = (real_law ** 2).sum(), (real_law ** 3).sum(), m * (m - 1) / 2
+        var_c = pairs * (s2 - s2 ** 2) + 6 * (m * (m - 1) * (m - 2) / 6) * (s3 - s2 ** 2)
+        assert C.mean() == pytest.approx(pairs * s2, abs=4 * np.sqrt(var_c / len(C)))
+        assert C.var() == pytest.approx(var_c, rel=0.05)
+        T = C - (m - 1) * S + pairs * s2
+        res = stats.collision_test(rng.multinomial(m, real_law), real_law, n_resamples=99, rng=rng)
+        assert T.mean() == pytest.approx(0, abs=4 * res.sd / np.sqrt(len(T)))
+        assert T.std() == pytest.approx(res.sd, rel=0.05)
+        assert res.expected == pytest.approx(pairs * s2)
+
+    def test_null_sampler_is_exact_for_a_sparse_law(self):
+        """The pooled-cell shortcut draws the same law as a plain multinomial."""
+        p = zipf(5_000, 1.3)
+        m, rng = 400, np.random.default_rng(21)
+        ours = stats._collision_null(p, m, 4_000, rng)[0]
+        plain = stats._collision_parts(rng.multinomial(m, p, size=4_000), p)[0]
+        assert sps.ks_2samp(ours, plain).pvalue > 1e-3
+
+    def test_type_one_error_and_uniform_pvalues(self, real_law):
+        rng = np.random.default_rng(22)
+        pv = np.array([stats.collision_test(rng.multinomial(2_000, real_law), real_law, n_resamples=499,
+                                            rng=rng).pvalue for _ in range(200)])
+        assert np.mean(pv < 0.05) <= binomial_slack(0.05, 200)
+        assert stats.uniformity_test(pv).pvalue > 1e-3
+
+    def test_replayed_streams_rejected_and_the_excess_sees_more_than_the_raw_count(self, real_law):
+        """Every draw twice, on a two-token law: the excess T stands many times further outside its
+        null spread than the raw count C does (C's spread is mostly the draws' own probabilities
+        wandering, which T removes). T's shift is about m/2 against a null sd of about m √(Σ P² / 2): what it sees depends
+        on how spread the law is (1 / √(2 Σ P²) sd for full duplication), not on m."""
+        joint = np.outer(real_law, real_law).ravel()
+        rng = np.random.default_rng(23)
+        half = rng.choice(len(joint), size=2_500, p=joint)
+        counts = np.bincount(np.concatenate([half, half]), minlength=len(joint))
+        res = stats.collision_test(counts, joint, rng=rng)
+        m, s2, s3 = 5_000, (joint ** 2).sum(), (joint ** 3).sum()
+        sd_c = np.sqrt(m * (m - 1) / 2 * (s2 - s2 ** 2) + m * (m - 1) * (m - 2) * (s3 - s2 ** 2))
+        assert res.statistic / res.sd > 2 * (res.collisions - res.expected) / sd_c
+        assert res.pvalue < 1e-3 and res.statistic > 5 * res.sd
+
+    def test_antithetic_streams_rejected_two_sided(self):
+        p = np.full(50, 0.02)
+        counts = np.full(50, 40)  # m = 2000 spread perfectly evenly: far too few collisions
+        rng = np.random.default_rng(24)
+        assert stats.collision_test(counts, p, rng=rng).pvalue < 1e-3
+        assert stats.collision_test(counts, p, alternative="greater", rng=rng).pvalue > 0.5
+
+    def test_bad_alternative(self):
+        with pytest.raises(ValueError, match="alternative must be one of"):
+            stats.collision_test([3, 3], [0.5, 0.5], alternative="less")
 
 
 class TestPlanner:

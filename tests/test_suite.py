@@ -60,3 +60,86 @@ def test_frequent_prefixes():
     tokens = np.array([[1, 2, 3], [1, 2, 4], [1, 5, 3], [7, 2, 3]])
     found = frequent_prefixes(tokens, 2)
     assert set(found) == {(1, (1,)), (2, (1, 2))}
+
+
+# ---------------------------------------------------------------- H0 by the exact law: size, measured
+
+
+@pytest.fixture(scope="module")
+def target_pairs(pair, prompt):
+    from specdec_lab.suite import pair_law
+
+    return pair_law(pair, prompt, SamplingConfig())
+
+
+def test_scores_from_the_exact_law_equal_the_model_scores(pair, prompt, target_pairs):
+    from specdec_lab.suite import draw_pairs, scores_from_law
+
+    tokens = draw_pairs(target_pairs, 1500, np.random.default_rng(0))
+    by_model = score(pair, prompt, tokens, SamplingConfig(), 100, joint=target_pairs)
+    by_law = scores_from_law(tokens, target_pairs, 100)
+    for name in ("p_x", "cdf_below", "entropy", "varentropy"):
+        assert np.allclose(getattr(by_model, name), getattr(by_law, name), atol=1e-6), name
+    assert by_model.prefix_laws.keys() == by_law.prefix_laws.keys()
+
+
+def test_size_meta_test_on_the_exact_law(target_pairs):
+    """The whole suite (joint ADK, collisions and per-position PIT included) on R seeds of samples
+    drawn straight from the exact two-token law: rejection rate <= α + binomial slack, and each
+    continuous p-value Uniform(0, 1) by KS. (The README gives the same meta-test at a larger R.)"""
+    from specdec_lab.suite import draw_pairs, scores_from_law
+
+    R, m = 60, 3000
+    settings = SuiteSettings(alpha=0.05, n_resamples=499, min_prefix_count=100)
+    results = []
+    for seed in range(R):
+        rng = np.random.default_rng(100 + seed)
+        tokens = draw_pairs(target_pairs, m, rng)
+        results.append(run_suite("h0", tokens, scores_from_law(tokens, target_pairs, 100), settings, rng))
+    rejected = np.mean([r.global_pvalue < settings.alpha for r in results])
+    assert rejected <= settings.alpha + 3 * np.sqrt(settings.alpha * (1 - settings.alpha) / R)
+    for test in ("ADK (first token)", "ADK (first two tokens, joint)", "collisions (first two tokens)",
+                 "randomized PIT KS (all positions)", "log-prob z (all positions)"):
+        assert stats.uniformity_test([r.tests[test].pvalue for r in results]).pvalue > ALPHA, test
+
+
+def test_joint_bound_and_collisions_reported(target_pairs):
+    from specdec_lab.suite import draw_pairs, scores_from_law
+
+    rng = np.random.default_rng(1)
+    tokens = draw_pairs(target_pairs, 20_000, rng)
+    result = run_suite("h0", tokens, scores_from_law(tokens, target_pairs, SETTINGS.min_prefix_count), SETTINGS, rng)
+    assert result.joint_bound is not None and result.joint_bound.upper > result.tv_bound.upper
+    assert result.length == 2 and "collisions (first two tokens)" in result.tests
+    assert np.isfinite(result.independence_pvalue)
+    row = result.rows()[0]
+    assert row["tv_upper_joint"] == result.joint_bound.upper and row["L"] == 2
+
+
+def test_verdict_rests_on_the_joint_bound_when_asked(target_pairs):
+    """Same samples: equivalent on the first token alone at ε = 0.05; inconclusive once the joint
+    two-token bound must also be below 0.05 (it needs more samples: a larger, flatter law)."""
+    from specdec_lab.suite import draw_pairs, scores_from_law
+
+    rng = np.random.default_rng(2)
+    tokens = draw_pairs(target_pairs, 20_000, rng)
+    scores = scores_from_law(tokens, target_pairs)
+    first_only = run_suite("x", tokens, scores, SuiteSettings(tolerance=0.05, n_resamples=499),
+                           np.random.default_rng(3))
+    joint = run_suite("x", tokens, scores, SuiteSettings(tolerance=0.05, joint_tolerance=0.05, n_resamples=499),
+                      np.random.default_rng(3))
+    assert first_only.verdict == "equivalent", first_only.verdict_text
+    assert joint.verdict == "inconclusive" and "first two tokens TV" in joint.verdict_text
+
+
+def test_replayed_streams_rejected_by_independence(target_pairs):
+    """Samples that each follow p exactly, 40% of them replays of others: rejected, and the verdict
+    names the collision test."""
+    from specdec_lab.suite import draw_pairs, scores_from_law
+
+    rng = np.random.default_rng(4)
+    fresh = draw_pairs(target_pairs, 6000, rng)
+    tokens = np.concatenate([fresh, fresh[:4000]])
+    result = run_suite("replayed", tokens, scores_from_law(tokens, target_pairs, SETTINGS.min_prefix_count), SETTINGS, rng)
+    assert result.verdict == "rejected"
+    assert "collisions (first two tokens)" in result.rejected_by, result.verdict_text

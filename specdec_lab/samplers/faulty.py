@@ -12,7 +12,7 @@ temperature bug is invisible at temperature 1; ``k`` is the number of draft toke
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -82,7 +82,7 @@ FAULTY = {v.name: v for v in (
     replace(LEVIATHAN, name="bonus_wrong_position", lossless=False, bonus_offset=-1,
             description="after K accepts the bonus token is drawn from p at position K, not K+1",
             anchor="off-by-one logits slice (TensorRT-LLM #15098 class)",
-            needs={"k": 1}),  # with K = 1 the bonus is token 2, inside the tested window
+            needs={"k": 1}),  # the bonus is token K+1: K = 1 puts it inside a window of 2 tokens
     replace(LEVIATHAN, name="swapped_ratio", lossless=False, accept_prob=_accept_swapped,
             description="acceptance with min(1, q/p): target and draft letters swapped",
             anchor="notation drift between files"),
@@ -140,3 +140,55 @@ TREE_FAULTY = {m.name: m for m in (
                select=_select_sibling_independent),
 )}
 TREE_FAULTY_ANCHORS = {"sibling_independent": "Medusa's nucleus/typical code path (ANCHORS: not lossless)"}
+
+
+# ---------------------------------------------------------------- overlapping random streams
+
+
+@dataclass(frozen=True)
+class OverlappingStreams:
+    """A correct sampler fed overlapping random streams: the samples are not independent.
+
+    The client draws its chains in batches of ``requests_per_batch`` requests of ``request_size``
+    chains each and derives seeds by "seed + i" at both levels: batch j gets seed s + j, and its
+    request r gets (s + j) + r, where s is the seed of the generator handed to :meth:`draw`. Within
+    a batch the seeds differ, so **each batch alone is i.i.d. from p exactly** (each request is the
+    wrapped sampler with its own generator); across batches they collide — request r of batch j+1
+    replays request r+1 of batch j token for token. With the defaults (2 requests of 128 chains per
+    batch) 3 of every 8 requests in a 1,024-chain draw are replays.
+
+    Anchor: child streams derived as seed + i (ANCHORS: overlapping random streams); the same
+    duplication comes from a seed reused across batches or a generator reset per batch.
+    """
+
+    base: object  # the correct sampler wrapped (any config with describe() and draw())
+    requests_per_batch: int = 2
+    request_size: int = 128
+
+    def __post_init__(self) -> None:
+        if self.requests_per_batch < 2 or self.request_size < 1:
+            raise ValueError("overlapping streams need requests_per_batch >= 2 and request_size >= 1")
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        return self.base.sampling
+
+    def describe(self) -> dict:
+        return {"sampler": "overlapping_streams", "requests_per_batch": self.requests_per_batch,
+                "request_size": self.request_size, "base": self.base.describe(),
+                **self.base.sampling.describe()}
+
+    def request_seeds(self, seed: int, n: int) -> list[tuple[int, int]]:
+        """(seed, chains) of each request covering n chains: request k is request r = k mod R of
+        batch j = k // R, seeded (seed + j) + r."""
+        R, g = self.requests_per_batch, self.request_size
+        sizes = [min(g, n - start) for start in range(0, n, g)]
+        return [(seed + k // R + k % R, size) for k, size in enumerate(sizes)]
+
+    def draw(self, pair, prompt, n, length, generator):
+        from specdec_lab.sampling import make_generator
+        from specdec_lab.samplers.naive import SampleResult, merge_stats
+
+        parts = [self.base.draw(pair, prompt, size, length, make_generator(seed, pair.device))
+                 for seed, size in self.request_seeds(generator.initial_seed(), n)]
+        return SampleResult(torch.cat([r.tokens for r in parts]), None, merge_stats([r.stats for r in parts]))
