@@ -189,6 +189,8 @@ class OverlappingStreams:
         from specdec_lab.sampling import make_generator
         from specdec_lab.samplers.naive import SampleResult, merge_stats
 
-        parts = [self.base.draw(pair, prompt, size, length, make_generator(seed, pair.device))
-                 for seed, size in self.request_seeds(generator.initial_seed(), n)]
+        requests = self.request_seeds(generator.initial_seed(), n)
+        drawn = {request: self.base.draw(pair, prompt, request[1], length, make_generator(request[0], pair.device))
+                 for request in dict.fromkeys(requests)}  # a replayed request is the same draw: run it once
+        parts = [drawn[request] for request in requests]
         return SampleResult(torch.cat([r.tokens for r in parts]), None, merge_stats([r.stats for r in parts]))
