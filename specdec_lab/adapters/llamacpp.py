@@ -17,14 +17,22 @@ Used by the endpoint tests' fixture, by ``.ci/run`` and by ``specdec-lab audit e
    aliases from the one GGUF: ``target`` (plain sampling) and ``target-lookup`` (llama-cpp-python's
    only speculative option, ``draft_model=prompt-lookup-decoding``, K tokens per pass), on a free
    loopback port, and waits until ``/v1/models`` answers.
+4. :func:`build_engine` builds llama.cpp's own ``llama-server`` and the ``llama-speculative`` /
+   ``llama-speculative-simple`` tools for the CPU from the same sdist's vendored tree (``make llama-cpp``,
+   once per machine, cached outside the clone by the pin); :func:`start_llama_server` serves the
+   bundled target with (``target-draft``: ``-md draft.gguf``, draft-model speculative decoding, K
+   tokens per pass, ``--spec-draft-p-min 0`` so the draft proposes on every step it can) or without
+   (``target-nodraft``, the reference) the bundled draft, converted the same way.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -41,10 +49,16 @@ from specdec_lab.models import BUNDLED_DIR
 VERSION = "0.3.36"  # llama-cpp-python, pinned in requirements-audit.txt
 ALIASES = {"target": "plain sampling", "target-lookup": "prompt-lookup speculative decoding"}
 LOOKUP_TOKENS = 4  # draft_model_num_pred_tokens of the speculative alias (K), like verify's K = 4
+# llama.cpp's own server (built by build_engine), one process per alias
+SERVER_ALIASES = {"target-draft": "draft-model speculative decoding", "target-nodraft": "plain sampling"}
+DRAFT_TOKENS = 4  # --spec-draft-n-max of target-draft (K)
 ENV_URL = "SPECDEC_LAB_LLAMA_SERVER"  # set by .ci/run: a running server the tests use instead of their own
 
 
 def server_label(alias: str) -> str:
+    if alias in SERVER_ALIASES:
+        k = f", K={DRAFT_TOKENS}" if alias == "target-draft" else ""
+        return f"llama.cpp llama-server (vendored in llama-cpp-python {VERSION}; {SERVER_ALIASES[alias]}{k})"
     return f"llama-cpp-python {VERSION} ({ALIASES[alias]})"
 
 
@@ -74,6 +88,84 @@ def fetch_converter(dest: Path | None = None) -> Path:
             tar.extractall(staging, members=members, filter="data")
         dest.parent.mkdir(parents=True, exist_ok=True)
         os.replace(staging, dest)
+    return dest
+
+
+ENGINE_TARGETS = ("llama-server", "llama-speculative", "llama-speculative-simple")
+# CPU only, static, no network at build or run time: no HTTPS (OpenSSL), no BLAS, no web UI (the UI would
+# otherwise be downloaded from a Hugging Face bucket), no tests.
+ENGINE_CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DGGML_BLAS=OFF",
+                      "-DGGML_CUDA=OFF", "-DGGML_METAL=OFF", "-DGGML_VULKAN=OFF", "-DLLAMA_OPENSSL=OFF",
+                      "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+                      "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_BUILD_SERVER=ON")
+
+
+def engine_dir() -> Path:
+    """The per-machine llama.cpp build, keyed by the pin: ``$SPECDEC_LAB_LLAMA_CPP`` or
+    ``${XDG_CACHE_HOME:-~/.cache}/specdec-lab/llama.cpp-<VERSION>`` (outside every clone)."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return Path(os.environ.get("SPECDEC_LAB_LLAMA_CPP", cache / "specdec-lab" / f"llama.cpp-{VERSION}"))
+
+
+def engine_binary(name: str) -> Path:
+    """Path of a built llama.cpp program (``llama-server``, ...); a clear error when it is not built."""
+    path = engine_dir() / "bin" / name
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing; build llama.cpp with `make llama-cpp` "
+                                f"(python -m specdec_lab.adapters.llamacpp build-engine)")
+    return path
+
+
+def _download_sdist(dest: Path) -> Path:
+    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+                    f"llama-cpp-python=={VERSION}", "-d", str(dest)], check=True)
+    return next(dest.glob("llama_cpp_python-*.tar.gz"))
+
+
+def build_engine(dest: Path | None = None, jobs: int = 2) -> Path:
+    """Build ``ENGINE_TARGETS`` for the CPU from the llama.cpp tree vendored in the pinned sdist.
+
+    Done once per machine: a finished build (``<dest>/bin`` with every target and the ``.built`` stamp)
+    is reused; a new pin is a new directory. The source and the CMake build tree are kept in
+    ``<dest>/src`` and ``<dest>/build`` so an interrupted build resumes where it stopped.
+    """
+    dest = dest or engine_dir()
+    dest.mkdir(parents=True, exist_ok=True)
+    with open(dest / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two clones building at once: the second waits, then reuses
+        return _build_engine_locked(dest, jobs)
+
+
+def _build_engine_locked(dest: Path, jobs: int) -> Path:
+    stamp = dest / ".built"
+    if stamp.exists() and all((dest / "bin" / t).exists() for t in ENGINE_TARGETS):
+        return dest
+    src = dest / "src"
+    if not (src / "CMakeLists.txt").exists():
+        with tempfile.TemporaryDirectory() as tmp:
+            sdist = _download_sdist(Path(tmp))
+            prefix = f"llama_cpp_python-{VERSION}/vendor/llama.cpp/"
+            staging = Path(tmp) / "src"
+            with tarfile.open(sdist) as tar:
+                members = [m for m in tar.getmembers() if m.name.startswith(prefix) and (m.isfile() or m.isdir())]
+                for m in members:
+                    m.name = m.name[len(prefix):]
+                tar.extractall(staging, members=[m for m in members if m.name], filter="data")
+            if src.exists():
+                shutil.rmtree(src)
+            os.replace(staging, src)
+    build = dest / "build"
+    subprocess.run(["cmake", "-S", str(src), "-B", str(build), *ENGINE_CMAKE_FLAGS], check=True)
+    subprocess.run(["cmake", "--build", str(build), "--parallel", str(jobs), "--target", *ENGINE_TARGETS],
+                   check=True)
+    (dest / "bin").mkdir(exist_ok=True)
+    for t in ENGINE_TARGETS:
+        built = build / "bin" / t
+        tmp_copy = dest / "bin" / f".{t}.tmp"
+        tmp_copy.write_bytes(built.read_bytes())
+        tmp_copy.chmod(0o755)
+        os.replace(tmp_copy, dest / "bin" / t)
+    stamp.write_text(f"llama.cpp vendored in llama-cpp-python {VERSION}\n")
     return dest
 
 
@@ -173,13 +265,17 @@ def start_server(gguf: Path, workdir: Path, port: int | None = None, threads: in
         process = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--config_file", str(config)],
                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                    env={**os.environ, "OMP_NUM_THREADS": str(threads)})
-    server = LlamaServer(process, f"http://127.0.0.1:{port}", log)
+    return _wait_until_up(LlamaServer(process, f"http://127.0.0.1:{port}", log), "/v1/models", startup_timeout)
+
+
+def _wait_until_up(server: LlamaServer, route: str, startup_timeout: float) -> LlamaServer:
+    """Poll ``route`` until it answers 200; stop the server and raise with its log otherwise."""
     deadline = time.monotonic() + startup_timeout
     while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"llama.cpp server exited with {process.returncode}:\n{server.log_tail()}")
+        if server.process.poll() is not None:
+            raise RuntimeError(f"llama.cpp server exited with {server.process.returncode}:\n{server.log_tail()}")
         with contextlib.suppress(OSError):
-            with urllib.request.urlopen(server.base_url + "/v1/models", timeout=2) as response:
+            with urllib.request.urlopen(server.base_url + route, timeout=2) as response:
                 if response.status == 200:
                     return server
         time.sleep(0.2)
@@ -187,19 +283,58 @@ def start_server(gguf: Path, workdir: Path, port: int | None = None, threads: in
     raise RuntimeError(f"llama.cpp server did not answer within {startup_timeout:.0f} s:\n{server.log_tail()}")
 
 
+def llama_server_command(target: Path, port: int, draft: Path | None = None, threads: int = 1,
+                         draft_tokens: int = DRAFT_TOKENS) -> list[str]:
+    """``llama-server`` on loopback: one slot, f32 KV caches (as the llama-cpp-python server), ``/metrics``
+    on, and with ``draft`` the draft model proposing ``draft_tokens`` tokens per pass on every step it can
+    (``--spec-draft-n-min 0``: no minimum; ``--spec-draft-p-min 0``: no confidence cut-off)."""
+    command = [str(engine_binary("llama-server")), "-m", str(target), "--host", "127.0.0.1", "--port", str(port),
+               "-c", "512", "-np", "1", "-t", str(threads), "-tb", str(threads), "-ctk", "f32", "-ctv", "f32",
+               "--metrics", "--no-webui", "--no-warmup", "-a", "target-nodraft" if draft is None else "target-draft"]
+    if draft is not None:
+        command += ["-md", str(draft), "-td", str(threads), "-tbd", str(threads), "-ctkd", "f32", "-ctvd", "f32",
+                    "--spec-draft-n-max", str(draft_tokens), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]
+    return command
+
+
+def start_llama_server(target: Path, workdir: Path, draft: Path | None = None, port: int | None = None,
+                       threads: int = 1, draft_tokens: int = DRAFT_TOKENS,
+                       startup_timeout: float = 120.0) -> LlamaServer:
+    """Start llama.cpp's ``llama-server`` (built by :func:`build_engine`) and wait until ``/health`` answers."""
+    port = port or free_port()
+    log = workdir / f"llama-server-{port}.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(llama_server_command(target, port, draft, threads, draft_tokens),
+                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                   env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+    return _wait_until_up(LlamaServer(process, f"http://127.0.0.1:{port}", log), "/health", startup_timeout)
+
+
 @contextlib.contextmanager
-def bundled_server(threads: int = 1):
-    """Convert the bundled target into a temporary folder, serve it, yield the server, stop it."""
+def bundled_server(threads: int = 1, model: str = "target"):
+    """Convert the bundled target (and draft) into a temporary folder, serve it, yield the server, stop it.
+
+    ``model`` in :data:`ALIASES`: llama-cpp-python's server (serving every alias of ``ALIASES``);
+    in :data:`SERVER_ALIASES`: llama.cpp's ``llama-server`` with (``target-draft``) or without
+    (``target-nodraft``) the bundled draft.
+    """
+    if model not in ALIASES and model not in SERVER_ALIASES:
+        raise ValueError(f"unknown bundled model {model!r}; valid: {', '.join([*ALIASES, *SERVER_ALIASES])}")
     with tempfile.TemporaryDirectory(prefix="specdec-llama-") as tmp:
         gguf = convert_to_gguf(Path(tmp) / "target-f32.gguf")
-        server = start_server(gguf, Path(tmp), threads=threads)
+        if model in SERVER_ALIASES:
+            draft = convert_to_gguf(Path(tmp) / "draft-f32.gguf", BUNDLED_DIR / "draft") \
+                if model == "target-draft" else None
+            server = start_llama_server(gguf, Path(tmp), draft, threads=threads)
+        else:
+            server = start_server(gguf, Path(tmp), threads=threads)
         try:
             yield server
         finally:
             server.stop()
 
 
-def _serve(url_file: Path | None, threads: int) -> int:
+def _serve(url_file: Path | None, threads: int, model: str = "target") -> int:
     """Serve until SIGTERM/SIGINT; write the base URL to ``url_file`` once it answers."""
     stop = {"now": False}
 
@@ -208,10 +343,11 @@ def _serve(url_file: Path | None, threads: int) -> int:
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
-    with bundled_server(threads) as server:
+    with bundled_server(threads, model) as server:
         if url_file:
             url_file.write_text(server.base_url)
-        print(f"serving the bundled target at {server.base_url} (models: {', '.join(ALIASES)})", flush=True)
+        served = model if model in SERVER_ALIASES else ", ".join(ALIASES)
+        print(f"serving the bundled target at {server.base_url} (models: {served})", flush=True)
         while not stop["now"] and server.process.poll() is None:
             time.sleep(0.5)
     return 0
@@ -221,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specdec_lab.adapters.llamacpp")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("fetch-converter", help="extract llama.cpp's HF → GGUF converter from the pinned sdist")
+    b = sub.add_parser("build-engine", help="build llama-server and the speculative tools for the CPU (cached)")
+    b.add_argument("--jobs", type=int, default=2)
     c = sub.add_parser("convert", help="convert an HF model directory to an f32 GGUF")
     c.add_argument("model_dir", type=Path)
     c.add_argument("out", type=Path)
@@ -228,14 +366,19 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("serve", help="serve the bundled target on loopback until SIGTERM")
     s.add_argument("--url-file", type=Path, default=None, help="write the server's base URL here")
     s.add_argument("--threads", type=int, default=1)
+    s.add_argument("--model", default="target", choices=[*ALIASES, *SERVER_ALIASES],
+                   help="target/target-lookup: llama-cpp-python's server; target-draft/target-nodraft: llama-server")
     args = parser.parse_args(argv)
     if args.command == "fetch-converter":
         print(fetch_converter())
         return 0
+    if args.command == "build-engine":
+        print(build_engine(jobs=args.jobs))
+        return 0
     if args.command == "convert":
         _run_converter(args.converter or converter_dir(), args.model_dir, args.out)
         return 0
-    return _serve(args.url_file, args.threads)
+    return _serve(args.url_file, args.threads, args.model)
 
 
 if __name__ == "__main__":
