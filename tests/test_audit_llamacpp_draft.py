@@ -21,8 +21,7 @@ import torch
 
 from specdec_lab import stats
 from specdec_lab.adapters import llamacpp
-from specdec_lab.adapters.endpoint import (LLAMA_SERVER_NEUTRAL, EndpointClient, EndpointConfig, TokenMap,
-                                           choice_tokens, server_counters)
+from specdec_lab.adapters.endpoint import LLAMA_SERVER_NEUTRAL, EndpointClient, EndpointConfig, server_counters
 from specdec_lab.audit import audit
 from specdec_lab.models import BUNDLED_DIR
 from specdec_lab.sampling import SamplingConfig
@@ -60,13 +59,6 @@ def config(servers, model, **kw) -> EndpointConfig:
                           server_metrics=True, progress=False, **kw)
 
 
-def greedy_ids(url: str, text: str, length: int, token_map) -> list[int]:
-    client = EndpointClient(EndpointConfig(url, "m"))
-    reply = client.post("/v1/completions", {"prompt": text, "max_tokens": length, "temperature": 0.0,
-                                            "logprobs": 1, **dict(LLAMA_SERVER_NEUTRAL)})
-    return choice_tokens(reply["choices"][0], token_map, length)
-
-
 TEXTS = ["ROMEO:\n", "ROMEO:\nGood night, good night!\nJULIET:\nGood night, good", "KING HENRY:\nWhat"]
 
 
@@ -79,12 +71,11 @@ def test_tokenization_equal(servers, pair):
 def test_greedy_speculative_equals_plain_and_ours(servers, pair):
     """Greedy: the draft server's tokens equal the no-draft server's and our own argmax, token for token,
     and the draft server verified drafts on those requests."""
-    token_map = TokenMap(pair.tokenizer, pair.vocab_size)
     client = EndpointClient(EndpointConfig(servers["target-draft"], "m"))
     before = server_counters(client.get_text("/metrics"))
     for text in TEXTS:
-        spec = greedy_ids(servers["target-draft"], text, 32, token_map)
-        plain = greedy_ids(servers["target-nodraft"], text, 32, token_map)
+        spec = llamacpp.greedy_tokens(servers["target-draft"], pair, text, 32)
+        plain = llamacpp.greedy_tokens(servers["target-nodraft"], pair, text, 32)
         x = pair.encode(text)
         with torch.no_grad():
             logits = pair.target(torch.cat([x, torch.tensor(plain)])[None]).logits[0, len(x) - 1:-1]

@@ -32,6 +32,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -44,7 +45,10 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from specdec_lab.models import BUNDLED_DIR
+from specdec_lab.sampling import SamplingConfig
 
 VERSION = "0.3.36"  # llama-cpp-python, pinned in requirements-audit.txt
 ALIASES = {"target": "plain sampling", "target-lookup": "prompt-lookup speculative decoding"}
@@ -292,7 +296,10 @@ def llama_server_command(target: Path, port: int, draft: Path | None = None, thr
                "-c", "512", "-np", "1", "-t", str(threads), "-tb", str(threads), "-ctk", "f32", "-ctv", "f32",
                "--metrics", "--no-webui", "--no-warmup", "-a", "target-nodraft" if draft is None else "target-draft"]
     if draft is not None:
-        command += ["-md", str(draft), "-td", str(threads), "-tbd", str(threads), "-ctkd", "f32", "-ctvd", "f32",
+        # --spec-type draft-simple: without it this llama.cpp loads the -md model and never drafts (the type is
+        # inferred from the draft GGUF only for MTP/DFlash heads; a plain Llama draft leaves it at "none")
+        command += ["-md", str(draft), "--spec-type", "draft-simple", "-td", str(threads), "-tbd", str(threads),
+                    "-ctkd", "f32", "-ctvd", "f32",
                     "--spec-draft-n-max", str(draft_tokens), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]
     return command
 
@@ -308,6 +315,86 @@ def start_llama_server(target: Path, workdir: Path, draft: Path | None = None, p
                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                    env={**os.environ, "OMP_NUM_THREADS": str(threads)})
     return _wait_until_up(LlamaServer(process, f"http://127.0.0.1:{port}", log), "/health", startup_timeout)
+
+
+def greedy_tokens(base_url: str, pair, text: str, length: int) -> list[int]:
+    """``length`` greedy (temperature 0) token ids from a llama-server after ``text`` (neutral sampler)."""
+    from specdec_lab.adapters.endpoint import (LLAMA_SERVER_NEUTRAL, EndpointClient, EndpointConfig, EndpointError,
+                                               TokenMap, choice_tokens)
+
+    reply = EndpointClient(EndpointConfig(base_url, "greedy")).post(
+        "/v1/completions", {"prompt": text, "max_tokens": length, "temperature": 0.0, "logprobs": 1,
+                            **dict(LLAMA_SERVER_NEUTRAL)})
+    ids = choice_tokens(reply["choices"][0], TokenMap(pair.tokenizer, pair.vocab_size), length)
+    if ids is None or len(ids) != length:
+        raise EndpointError(f"no {length} greedy tokens in the reply: {reply['choices'][0]}")
+    return ids
+
+
+# ------------------------------------------------------------ llama.cpp's `speculative` example as a sampler
+
+# In its debug log (-v) every emitted token appears once, in order: an accepted draft token, or the token
+# that ends a verification round (a residual sample after a rejection, the bonus token, or the first token).
+_SPEC_TOKEN = re.compile(r"draft token \d+ of sequence \d+ \((-?\d+), '.*?'\) (accepted|rejected)"
+                         r"|the sampled target token \((-?\d+), ", re.S)
+_SPEC_ENCODED = re.compile(r"encoded\s+(\d+) tokens")
+
+
+@dataclass(frozen=True)
+class SpeculativeTool:
+    """llama.cpp's ``llama-speculative`` example (stochastic verification at T > 0) as a sampler.
+
+    One process per sample (the tool generates one sequence per run), seeded from the collection's
+    generator; the token ids are read from its debug log. ``target``/``draft`` are GGUF files
+    (:func:`convert_to_gguf`). It runs at ``-n length``, stops after the verification round that
+    passes ``length`` tokens, and the first ``length`` tokens are kept.
+    """
+
+    target: str
+    draft: str
+    sampling: SamplingConfig = SamplingConfig()
+    k: int = DRAFT_TOKENS
+    threads: int = 1
+    progress: bool = True
+
+    def describe(self) -> dict:
+        return {"sampler": f"llama.cpp llama-speculative (vendored in llama-cpp-python {VERSION}) K={self.k}",
+                "k": self.k, **self.sampling.describe()}
+
+    def command(self, prompt_text: str, length: int, seed: int) -> list[str]:
+        s = self.sampling
+        top_k = 0 if s.top_k is None else s.top_k
+        return [str(engine_binary("llama-speculative")), "-m", self.target, "-md", self.draft, "-p", prompt_text,
+                "-n", str(length), "-s", str(seed), "--temp", f"{s.temperature:g}", "--top-k", str(top_k),
+                "--top-p", f"{s.top_p:g}", "--min-p", "0", "--repeat-penalty", "1", "-c", "256", "-np", "1",
+                "-t", str(self.threads), "-td", str(self.threads), "-ctk", "f32", "-ctv", "f32", "-ctkd", "f32",
+                "-ctvd", "f32", "--spec-draft-n-max", str(self.k), "--spec-draft-p-min", "0", "--no-warmup", "-v"]
+
+    def draw(self, pair, prompt, n, length, generator):
+        from tqdm.auto import tqdm
+
+        from specdec_lab.adapters.endpoint import distinct_seeds
+        from specdec_lab.samplers.naive import SampleResult, check_request
+
+        check_request(prompt, n, length)
+        text = pair.decode(prompt.tolist())
+        rows = []
+        for seed in tqdm(distinct_seeds(generator, n), desc="llama-speculative", leave=False,
+                         disable=not self.progress):
+            done = subprocess.run(self.command(text, length, seed), capture_output=True, text=True,
+                                  errors="replace", env={**os.environ, "OMP_NUM_THREADS": str(self.threads)})
+            log = done.stdout + done.stderr
+            ids = [int(drafted or ended) for drafted, verdict, ended in _SPEC_TOKEN.findall(log)
+                   if verdict != "rejected"]
+            encoded = _SPEC_ENCODED.search(log)
+            if done.returncode != 0 or encoded is None or len(ids) < length:
+                raise RuntimeError(f"llama-speculative failed (exit {done.returncode}, {len(ids)} tokens):\n"
+                                   f"{log[-3000:]}")
+            if int(encoded.group(1)) != len(prompt):
+                raise RuntimeError(f"llama-speculative read the prompt as {encoded.group(1)} tokens, the local "
+                                   f"tokenizer as {len(prompt)} (an added BOS token?)")
+            rows.append(ids[:length])
+        return SampleResult(torch.tensor(rows, dtype=torch.long), None, {"processes": n})
 
 
 @contextlib.contextmanager
