@@ -152,6 +152,34 @@ def audit(pair, sampler, n: int, length: int, path: str | Path, *, prompt: str =
     return AuditResult(name, expected, suite, samples, scored_at, time.time() - started)
 
 
+def second_token_bounds(pair, prompt: str, tokens: np.ndarray, sampling: SamplingConfig, top: int = 3,
+                        confidence: float = 0.99) -> pd.DataFrame:
+    """TV upper bounds on the law of token 2 given each of the ``top`` most frequent first tokens.
+
+    For engines that never speculate on the first token (llama-server samples it from the prompt's pass),
+    token 2 is the first drafted position, so these bounds speak for the speculative path where the
+    first-token bound of the verdict cannot. Each is a bound for that one prefix, at ``confidence``.
+    """
+    import torch
+
+    from specdec_lab import stats
+    from specdec_lab.sampling import to_probs
+
+    ids = pair.encode(prompt)
+    first, counts = np.unique(tokens[:, 0], return_counts=True)
+    rows = []
+    for x1 in first[np.argsort(-counts)][:top]:
+        following = tokens[tokens[:, 0] == x1, 1]
+        with torch.no_grad():
+            logits = pair.target(torch.cat([ids, torch.tensor([int(x1)])])[None].to(pair.device)).logits
+        p = to_probs(logits[0, -1, : pair.vocab_size].double().cpu(), sampling).numpy()  # (V,)
+        bound = stats.tv_upper_bound(np.bincount(following, minlength=len(p)), p, confidence=confidence)
+        rows.append({"first token": pair.decode([int(x1)]), "m": len(following),
+                     "TV plug-in": stats.tv_plugin(np.bincount(following, minlength=len(p)), p),
+                     f"TV upper {confidence:.0%}": bound.upper})
+    return pd.DataFrame(rows)
+
+
 @dataclass(frozen=True)
 class AuditCase:
     """One row of an audit table: a sampler, what it is scored at, and what a correct call is."""

@@ -368,7 +368,7 @@ class SpeculativeTool:
                 "-n", str(length), "-s", str(seed), "--temp", f"{s.temperature:g}", "--top-k", str(top_k),
                 "--top-p", f"{s.top_p:g}", "--min-p", "0", "--repeat-penalty", "1", "-c", "256", "-np", "1",
                 "-t", str(self.threads), "-td", str(self.threads), "-ctk", "f32", "-ctv", "f32", "-ctkd", "f32",
-                "-ctvd", "f32", "--spec-draft-n-max", str(self.k), "--spec-draft-p-min", "0", "--no-warmup", "-v"]
+                "-ctvd", "f32", "--spec-draft-n-max", str(self.k), "--spec-draft-p-min", "0", "-v"]
 
     def draw(self, pair, prompt, n, length, generator):
         from tqdm.auto import tqdm
@@ -378,23 +378,47 @@ class SpeculativeTool:
 
         check_request(prompt, n, length)
         text = pair.decode(prompt.tolist())
-        rows = []
-        for seed in tqdm(distinct_seeds(generator, n), desc="llama-speculative", leave=False,
-                         disable=not self.progress):
-            done = subprocess.run(self.command(text, length, seed), capture_output=True, text=True,
-                                  errors="replace", env={**os.environ, "OMP_NUM_THREADS": str(self.threads)})
+        rows, counts = [], {"processes": 0, "refused_samples": 0, "stopped_early": 0, "reruns": 0}
+        bar = tqdm(total=n, desc="llama-speculative", leave=False, disable=not self.progress)
+        while len(rows) < n:
+            for seed in distinct_seeds(generator, n - len(rows)):
+                ids = self._run(pair, text, len(prompt), length, seed, counts)
+                if ids is None:  # an end-of-text token before `length` tokens: refused, as the endpoint does
+                    counts["refused_samples"] += 1
+                    counts["stopped_early"] += 1
+                else:
+                    rows.append(ids[:length])
+                    bar.update(1)
+        bar.close()
+        return SampleResult(torch.tensor(rows, dtype=torch.long), None, counts)
+
+    def _run(self, pair, text: str, prompt_tokens: int, length: int, seed: int, counts: dict) -> list[int] | None:
+        """One sample: the token ids of one process, checked against the text it printed.
+
+        The tool's logger is asynchronous and loses the tail of its output now and then when the process
+        exits; a run whose ids do not decode to its printed text, or that has fewer than ``length`` ids, is
+        run again with the same seed (the same sample), up to 3 times. Still short after that: an
+        end-of-text token, refused (None).
+        """
+        ids: list[int] = []
+        for _ in range(3):
+            counts["processes"] += 1
+            done = subprocess.run(self.command(text, length, seed), capture_output=True, text=True, errors="replace",
+                                  env={**os.environ, "OMP_NUM_THREADS": str(self.threads)})
             log = done.stdout + done.stderr
+            if done.returncode != 0:
+                raise RuntimeError(f"llama-speculative failed (exit {done.returncode}):\n{log[-3000:]}")
+            encoded = _SPEC_ENCODED.search(log)
+            if encoded is not None and int(encoded.group(1)) != prompt_tokens:
+                raise RuntimeError(f"llama-speculative read the prompt as {encoded.group(1)} tokens, the local "
+                                   f"tokenizer as {prompt_tokens} (an added BOS token?)")
             ids = [int(drafted or ended) for drafted, verdict, ended in _SPEC_TOKEN.findall(log)
                    if verdict != "rejected"]
-            encoded = _SPEC_ENCODED.search(log)
-            if done.returncode != 0 or encoded is None or len(ids) < length:
-                raise RuntimeError(f"llama-speculative failed (exit {done.returncode}, {len(ids)} tokens):\n"
-                                   f"{log[-3000:]}")
-            if int(encoded.group(1)) != len(prompt):
-                raise RuntimeError(f"llama-speculative read the prompt as {encoded.group(1)} tokens, the local "
-                                   f"tokenizer as {len(prompt)} (an added BOS token?)")
-            rows.append(ids[:length])
-        return SampleResult(torch.tensor(rows, dtype=torch.long), None, {"processes": n})
+            printed = done.stdout.strip("\n")
+            if printed.startswith(text) and pair.decode(ids) == printed[len(text):] and len(ids) >= length:
+                return ids
+            counts["reruns"] += 1
+        return None
 
 
 @contextlib.contextmanager
@@ -419,6 +443,27 @@ def bundled_server(threads: int = 1, model: str = "target"):
             yield server
         finally:
             server.stop()
+
+
+@contextlib.contextmanager
+def bundled_ggufs():
+    """The bundled target and draft as f32 GGUF files in a temporary folder: yields (target, draft)."""
+    with tempfile.TemporaryDirectory(prefix="specdec-llama-") as tmp:
+        yield (convert_to_gguf(Path(tmp) / "target-f32.gguf"),
+               convert_to_gguf(Path(tmp) / "draft-f32.gguf", BUNDLED_DIR / "draft"))
+
+
+def audit_speculative_tool(n: int, length: int, out: Path, sampling: SamplingConfig = SamplingConfig(),
+                           seed: int = 0, prompt: str = "ROMEO:\n", tolerance: float = 0.02):
+    """Audit llama.cpp's ``llama-speculative`` on the bundled pair (one process per sample)."""
+    from specdec_lab.audit import audit
+    from specdec_lab.models import load_pair
+    from specdec_lab.suite import SuiteSettings
+
+    with bundled_ggufs() as (target, draft):
+        tool = SpeculativeTool(str(target), str(draft), sampling)
+        return audit(load_pair("bundled"), tool, n, length, out, prompt=prompt, seed=seed,
+                     settings=SuiteSettings(tolerance=tolerance))
 
 
 def _serve(url_file: Path | None, threads: int, model: str = "target") -> int:
@@ -455,7 +500,19 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--threads", type=int, default=1)
     s.add_argument("--model", default="target", choices=[*ALIASES, *SERVER_ALIASES],
                    help="target/target-lookup: llama-cpp-python's server; target-draft/target-nodraft: llama-server")
+    a = sub.add_parser("audit-speculative", help="audit llama.cpp's llama-speculative example on the bundled pair")
+    a.add_argument("--samples", type=int, default=2000)
+    a.add_argument("--length", type=int, default=DRAFT_TOKENS + 2)
+    a.add_argument("--temperature", type=float, default=1.0)
+    a.add_argument("--seed", type=int, default=0)
+    a.add_argument("--out", type=Path, required=True, help="sample file (parquet; resumes)")
     args = parser.parse_args(argv)
+    if args.command == "audit-speculative":
+        result = audit_speculative_tool(args.samples, args.length, args.out, SamplingConfig(temperature=args.temperature),
+                                        seed=args.seed)
+        print(result.tests()[["test", "statistic", "pvalue"]].to_string(index=False))
+        print(json.dumps({k: v for k, v in result.summary().items()}, default=str, indent=1))
+        return 0
     if args.command == "fetch-converter":
         print(fetch_converter())
         return 0
