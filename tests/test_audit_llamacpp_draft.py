@@ -60,7 +60,7 @@ def config(servers, model, **kw) -> EndpointConfig:
                           server_metrics=True, progress=False, **kw)
 
 
-TEXTS = ["ROMEO:\n", "ROMEO:\nGood night, good night!\nJULIET:\nGood night, good", "KING HENRY:\nWhat"]
+TEXTS = list(llamacpp.GREEDY_PROMPTS[:3]) + [llamacpp.GREEDY_PROMPTS[5]]
 
 
 def test_tokenization_equal(servers, pair):

@@ -331,6 +331,39 @@ def greedy_tokens(base_url: str, pair, text: str, length: int) -> list[int]:
     return ids
 
 
+GREEDY_PROMPTS = ("ROMEO:\n", "JULIET:\n", "KING HENRY:\nWhat", "First Citizen:\nBefore we proceed", "MENENIUS:\nWhy,",
+                  "ROMEO:\nGood night, good night!\nJULIET:\nGood night, good", "HAMLET:\nTo be", "LADY MACBETH:\n",
+                  "GLOUCESTER:\nNow is the", "PROSPERO:\n", "CORIOLANUS:\nI", "QUEEN:\nMy lord,", "Second Servant:\n",
+                  "BRUTUS:\nThe", "DUKE VINCENTIO:\nHe", "ISABELLA:\nO,", "LUCIO:\nWhy, how now", "Nurse:\nFaith,",
+                  "MERCUTIO:\nNay,", "FRIAR LAURENCE:\nHoly")
+
+
+def greedy_parity(pair, prompts=GREEDY_PROMPTS, length: int = 64) -> dict:
+    """Greedy tokens of llama-server with the draft, without it, and our target's argmax, per prompt.
+
+    Returns the number of prompts on which all three agree on every token, the first differing positions
+    otherwise, and the draft server's speculation counters over these requests.
+    """
+    from specdec_lab.adapters.endpoint import EndpointClient, EndpointConfig, server_counters
+
+    differing = {}
+    with bundled_server(model="target-draft") as spec, bundled_server(model="target-nodraft") as plain:
+        client = EndpointClient(EndpointConfig(spec.base_url, "target-draft"))
+        before = server_counters(client.get_text("/metrics"))
+        for text in prompts:
+            a, b = greedy_tokens(spec.base_url, pair, text, length), greedy_tokens(plain.base_url, pair, text, length)
+            x = pair.encode(text)
+            with torch.no_grad():
+                logits = pair.target(torch.cat([x, torch.tensor(b)])[None].to(pair.device)).logits
+            ours = logits[0, len(x) - 1:-1, : pair.vocab_size].argmax(-1).tolist()
+            wrong = [i for i in range(length) if not a[i] == b[i] == ours[i]]
+            if wrong:
+                differing[text] = wrong[:5]
+        after = server_counters(client.get_text("/metrics"))
+    return {"prompts": len(prompts), "tokens": length, "identical": len(prompts) - len(differing),
+            "differing": differing, "counters": {k: after[k] - before.get(k, 0.0) for k in after}}
+
+
 # ------------------------------------------------------------ llama.cpp's `speculative` example as a sampler
 
 # In its debug log (-v) every emitted token appears once, in order: an accepted draft token, or the token
@@ -506,7 +539,15 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--temperature", type=float, default=1.0)
     a.add_argument("--seed", type=int, default=0)
     a.add_argument("--out", type=Path, required=True, help="sample file (parquet; resumes)")
+    g = sub.add_parser("greedy-parity", help="greedy: llama-server with the draft vs without vs our argmax")
+    g.add_argument("--length", type=int, default=64)
     args = parser.parse_args(argv)
+    if args.command == "greedy-parity":
+        from specdec_lab.models import load_pair
+
+        found = greedy_parity(load_pair("bundled"), length=args.length)
+        print(json.dumps(found, indent=1))
+        return 0 if found["identical"] == found["prompts"] else 1
     if args.command == "audit-speculative":
         result = audit_speculative_tool(args.samples, args.length, args.out, SamplingConfig(temperature=args.temperature),
                                         seed=args.seed)
