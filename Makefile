@@ -33,7 +33,7 @@ $(AUDIT_STAMP): requirements-audit.txt $(STAMP)
 
 # llama.cpp's own llama-server, llama-speculative and llama-speculative-simple for the CPU (no BLAS, no HTTPS,
 # no web UI), from the llama.cpp tree vendored in the same pinned sdist: built once per machine into
-# ~/.cache/specdec-lab/llama.cpp-<pin> (outside the clone; a new pin builds anew; ≈ 45 min on 2 busy cores),
+# ~/.cache/specdec-lab/llama.cpp-<pin> (outside the clone; a new pin builds anew; 28 min measured on 2 busy cores),
 # reused by every later clone. The draft-model audit (tests/test_audit_llamacpp_draft.py) serves with it.
 llama-cpp: $(STAMP)
 	$(BIN)/python -m specdec_lab.adapters.llamacpp build-engine --jobs 2

@@ -486,6 +486,27 @@ def bundled_ggufs():
                convert_to_gguf(Path(tmp) / "draft-f32.gguf", BUNDLED_DIR / "draft"))
 
 
+def speculative_example_law(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """The law of one drafted position under ``llama-speculative``'s stochastic rule (one draft sequence).
+
+    The example drafts the *most probable* draft token x* (``cur_p->data[0]`` after sorting) instead of
+    a sample of q, then accepts it with probability min(1, p(x*)/q(x*)) and otherwise samples the residual
+    (p − q)₊ / Σ(p − q)₊ — modified rejection sampling, which is exact only for a draft token drawn from q.
+    Output law: a·δ(x*) + (1 − a)·residual with a = min(1, p(x*)/q(x*)). ``p``, ``q``: (V,) laws after the
+    sampler chain.
+
+    >>> law = speculative_example_law(torch.tensor([0.5, 0.5]), torch.tensor([0.9, 0.1]))
+    >>> [round(v, 3) for v in law.tolist()]   # p is (0.5, 0.5); the example gives 5/9 to the draft's favourite
+    [0.556, 0.444]
+    """
+    x = int(torch.argmax(q))
+    accept = min(1.0, float(p[x] / q[x]))
+    residual = torch.clamp(p - q, min=0)
+    law = (1 - accept) * residual / residual.sum() if residual.sum() > 0 else torch.zeros_like(p)
+    law[x] += accept
+    return law
+
+
 def audit_speculative_tool(n: int, length: int, out: Path, sampling: SamplingConfig = SamplingConfig(),
                            seed: int = 0, prompt: str = "ROMEO:\n", tolerance: float = 0.02):
     """Audit llama.cpp's ``llama-speculative`` on the bundled pair (one process per sample)."""
