@@ -570,10 +570,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(found, indent=1))
         return 0 if found["identical"] == found["prompts"] else 1
     if args.command == "audit-speculative":
-        result = audit_speculative_tool(args.samples, args.length, args.out, SamplingConfig(temperature=args.temperature),
-                                        seed=args.seed)
+        result = audit_speculative_tool(args.samples, args.length, args.out,
+                                        SamplingConfig(temperature=args.temperature), seed=args.seed)
         print(result.tests()[["test", "statistic", "pvalue"]].to_string(index=False))
-        print(json.dumps({k: v for k, v in result.summary().items()}, default=str, indent=1))
+        print(json.dumps(result.summary(), default=str, indent=1))
         return 0
     if args.command == "fetch-converter":
         print(fetch_converter())
