@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: verify test bench train train-medusa clean-venv notebooks lab browser
+.PHONY: verify test bench train train-medusa clean-venv notebooks lab browser llama-cpp
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,11 +31,18 @@ $(AUDIT_STAMP): requirements-audit.txt $(STAMP)
 	$(BIN)/python -m specdec_lab.adapters.llamacpp fetch-converter
 	touch $(AUDIT_STAMP)
 
+# llama.cpp's own llama-server, llama-speculative and llama-speculative-simple for the CPU (no BLAS, no HTTPS,
+# no web UI), from the llama.cpp tree vendored in the same pinned sdist: built once per machine into
+# ~/.cache/specdec-lab/llama.cpp-<pin> (outside the clone; a new pin builds anew; 28 min measured on 2 busy cores),
+# reused by every later clone. The draft-model audit (tests/test_audit_llamacpp_draft.py) serves with it.
+llama-cpp: $(STAMP)
+	$(BIN)/python -m specdec_lab.adapters.llamacpp build-engine --jobs 2
+
 # Tests, doctests and the notebooks under nbval (--nbval-lax: every cell must run without error and
 # every assert cell must hold; SPECDEC_LAB_SCALE=ci).
 # pytest exits 5 when it collected no tests, so `make test` fails loudly if nothing ran.
 NOTEBOOKS := $(wildcard notebooks/*.ipynb)
-test: $(STAMP) $(AUDIT_STAMP)
+test: $(STAMP) $(AUDIT_STAMP) llama-cpp
 	$(BIN)/python -m pytest -q --strict-markers tests specdec_lab $(if $(NOTEBOOKS),--nbval-lax $(NOTEBOOKS)) $(PYTEST_ARGS)
 
 # The notebooks at full scale, executed top to bottom into HTML (about 15 min on 2 CPU cores).

@@ -52,9 +52,9 @@ def extra_label(extra: dict) -> str:
     >>> extra_label({"top_k": 40, "min_p": 0.0})
     ' top_k=40'
     """
-    from specdec_lab.adapters.endpoint import LLAMA_CPP_NEUTRAL
+    from specdec_lab.adapters.endpoint import LLAMA_CPP_NEUTRAL, LLAMA_SERVER_NEUTRAL
 
-    neutral = dict(LLAMA_CPP_NEUTRAL)
+    neutral = {**dict(LLAMA_CPP_NEUTRAL), **dict(LLAMA_SERVER_NEUTRAL)}
     return "".join(f" {k}={v}" for k, v in sorted(extra.items()) if neutral.get(k, object()) != v)
 
 
@@ -89,6 +89,8 @@ class AuditResult:
         settings = settings_label(asked) + extra_label(described.get("extra") or {})
         if settings_label(self.scored_at) != settings_label(asked):
             settings += f", scored at {settings_label(self.scored_at)}"
+        from specdec_lab.adapters.endpoint import speculation_summary
+
         stats = self.samples.meta.get("stats") or {}
         per_pass = stats["emitted_tokens"] / stats["target_passes"] if stats.get("target_passes") else np.nan
         s = self.suite
@@ -96,6 +98,7 @@ class AuditResult:
                 "L": self.samples.meta["length"], "m": s.m, "TV plug-in": s.tv_plugin,
                 "TV upper 99%": s.tv_bound.upper, "KL (MM)": s.kl, "Holm p": s.global_pvalue,
                 "tokens/pass": per_pass, "refused": stats.get("refused_samples", 0),
+                **speculation_summary(stats),
                 "verdict": s.verdict, "correct call": correct_call(s.verdict, self.expected),
                 "in words": s.verdict_text, "seconds": round(self.seconds, 1)}
 
@@ -147,6 +150,34 @@ def audit(pair, sampler, n: int, length: int, path: str | Path, *, prompt: str =
     scores = score(pair, pair.encode(prompt), tokens, scored_at, settings.min_prefix_count)
     suite = run_suite(name, tokens, scores, settings, np.random.default_rng(seed))
     return AuditResult(name, expected, suite, samples, scored_at, time.time() - started)
+
+
+def second_token_bounds(pair, prompt: str, tokens: np.ndarray, sampling: SamplingConfig, top: int = 3,
+                        confidence: float = 0.99) -> pd.DataFrame:
+    """TV upper bounds on the law of token 2 given each of the ``top`` most frequent first tokens.
+
+    For engines that never speculate on the first token (llama-server samples it from the prompt's pass),
+    token 2 is the first drafted position, so these bounds speak for the speculative path where the
+    first-token bound of the verdict cannot. Each is a bound for that one prefix, at ``confidence``.
+    """
+    import torch
+
+    from specdec_lab import stats
+    from specdec_lab.sampling import to_probs
+
+    ids = pair.encode(prompt)
+    first, counts = np.unique(tokens[:, 0], return_counts=True)
+    rows = []
+    for x1 in first[np.argsort(-counts)][:top]:
+        following = tokens[tokens[:, 0] == x1, 1]
+        with torch.no_grad():
+            logits = pair.target(torch.cat([ids, torch.tensor([int(x1)])])[None].to(pair.device)).logits
+        p = to_probs(logits[0, -1, : pair.vocab_size].double().cpu(), sampling).numpy()  # (V,)
+        bound = stats.tv_upper_bound(np.bincount(following, minlength=len(p)), p, confidence=confidence)
+        rows.append({"first token": pair.decode([int(x1)]), "m": len(following),
+                     "TV plug-in": stats.tv_plugin(np.bincount(following, minlength=len(p)), p),
+                     f"TV upper {confidence:.0%}": bound.upper})
+    return pd.DataFrame(rows)
 
 
 @dataclass(frozen=True)
@@ -206,7 +237,9 @@ def add_audit_parser(sub) -> None:
     ep.add_argument("--base-url", help="e.g. http://127.0.0.1:8080 (omit with --serve-bundled)")
     ep.add_argument("--model", help="the request's model field (default with --serve-bundled: target)")
     ep.add_argument("--serve-bundled", action="store_true",
-                    help="convert the bundled target to GGUF and serve it with llama-cpp-python for this run")
+                    help="convert the bundled target to GGUF and serve it for this run: with llama-cpp-python "
+                         "(--model target or target-lookup) or llama.cpp's llama-server (--model target-draft: "
+                         "with the bundled draft, K=4; target-nodraft: without; `make llama-cpp` builds it)")
     ep.add_argument("--llama-cpp-neutral", action="store_true",
                     help="send top_k=0, min_p=0, repeat_penalty=1, ... (llama.cpp's own defaults are not neutral; "
                          "on by default with --serve-bundled)")
@@ -241,15 +274,19 @@ def _pair_and_common_args(parser, samples: int, length: int) -> None:
 
 
 def _sampler_from_args(args, sampling: SamplingConfig):
-    from specdec_lab.adapters.endpoint import LLAMA_CPP_NEUTRAL, EndpointConfig
+    from specdec_lab.adapters import llamacpp
+    from specdec_lab.adapters.endpoint import LLAMA_CPP_NEUTRAL, LLAMA_SERVER_NEUTRAL, EndpointConfig
     from specdec_lab.adapters.hf import HFGenerateConfig
 
     if args.kind == "hf":
         return HFGenerateConfig(mode=args.mode, sampling=sampling, k=args.k, schedule=args.schedule,
                                 confidence_threshold=args.confidence_threshold, progress=not args.quiet)
-    extra = dict(LLAMA_CPP_NEUTRAL) if (args.llama_cpp_neutral or args.serve_bundled) else {}
+    llama_server = args.serve_bundled and args.model in llamacpp.SERVER_ALIASES
+    neutral = LLAMA_SERVER_NEUTRAL if llama_server else LLAMA_CPP_NEUTRAL
+    extra = dict(neutral) if (args.llama_cpp_neutral or args.serve_bundled) else {}
     extra.update(json.loads(args.extra))
     return EndpointConfig(args.base_url, args.model, sampling, extra=tuple(sorted(extra.items())),
+                          server_metrics=llama_server,
                           n_per_request=args.n_per_request, logprobs=None if args.logprobs < 0 else args.logprobs,
                           server=args.server_label, timeout=args.timeout, retries=args.retries,
                           max_rate=args.max_rate, progress=not args.quiet)
@@ -267,8 +304,9 @@ def cmd_audit(args) -> int:
     with contextlib.ExitStack() as stack:
         if args.kind == "endpoint":
             if args.serve_bundled:
-                server = stack.enter_context(llamacpp.bundled_server())
-                args.base_url, args.model = server.base_url, args.model or "target"
+                args.model = args.model or "target"
+                server = stack.enter_context(llamacpp.bundled_server(model=args.model))
+                args.base_url = server.base_url
                 args.server_label = args.server_label or llamacpp.server_label(args.model)
             if not args.base_url or not args.model:
                 raise ValueError("give --base-url and --model, or --serve-bundled")
@@ -282,6 +320,7 @@ def cmd_audit(args) -> int:
     row = result.summary()
     columns = ["implementation", "settings", "L", "m", "TV plug-in", "TV upper 99%", "Holm p", "tokens/pass",
                "refused", "verdict"]
+    columns[-1:-1] = [c for c in ("speculative steps", "drafted/step", "accepted/step") if c in row]
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 70):
         print(result.tests()[["test", "statistic", "pvalue"]].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
         print()

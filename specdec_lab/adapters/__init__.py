@@ -9,11 +9,13 @@ target law p the audit scores it against unless told otherwise.
 - :mod:`~specdec_lab.adapters.hf` — Hugging Face ``model.generate`` (assisted generation with a
   draft model, prompt-lookup decoding, plain sampling), batch 1 as upstream requires.
 - :mod:`~specdec_lab.adapters.endpoint` — any OpenAI-compatible ``/v1/completions`` server.
-- :mod:`~specdec_lab.adapters.llamacpp` — convert the bundled target to GGUF and run a real
-  llama.cpp server (``llama-cpp-python[server]``) on loopback, for the tests, CI and notebooks.
+- :mod:`~specdec_lab.adapters.llamacpp` — convert the bundled target (and draft) to GGUF and run a
+  real llama.cpp server on loopback (``llama-cpp-python[server]``, or llama.cpp's own
+  ``llama-server`` with the draft model), for the tests, CI and notebooks.
 
 :func:`specdec_lab.audit.audit` runs collect → score → suite → table over any of them.
 """
 
-from specdec_lab.adapters.endpoint import LLAMA_CPP_NEUTRAL, EndpointClient, EndpointConfig  # noqa: F401
+from specdec_lab.adapters.endpoint import (LLAMA_CPP_NEUTRAL, LLAMA_SERVER_NEUTRAL, EndpointClient,  # noqa: F401
+                                           EndpointConfig)
 from specdec_lab.adapters.hf import HFGenerateConfig  # noqa: F401

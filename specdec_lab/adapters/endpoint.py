@@ -10,9 +10,11 @@ repeat penalty 1.1) to neutral values; without it the audit (correctly) rejects 
 
 Mapping completions back to token ids (the tokens must be the ones the server sampled):
 
-1. the per-token pieces in ``logprobs.tokens`` — ``token_id:123`` entries (vLLM's
-   ``return_tokens_as_token_ids``) are taken as ids; text pieces are looked up in the local
-   vocabulary and used when every piece names exactly one token and they join to the text;
+1. the per-token entries of ``logprobs``: ``logprobs.content[i].id`` (llama.cpp's ``llama-server``
+   answers in this chat-style form, with the token id) is taken as is; the pieces in
+   ``logprobs.tokens`` — ``token_id:123`` entries (vLLM's ``return_tokens_as_token_ids``) are taken
+   as ids; text pieces are looked up in the local vocabulary and used when every piece names
+   exactly one token and they join to the text;
 2. otherwise the completion text itself, accepted only when it splits into exactly L vocabulary
    tokens in exactly **one** way (counted by dynamic programming over the text).
 
@@ -20,6 +22,13 @@ Anything else — fewer than L tokens (an end-of-text token was sampled), an amb
 unmappable text — is **refused**, counted in the stats (``refused_samples``) and replaced by a
 new request. Refusals condition the law, so the audit table reports their number; with the bundled
 byte-level tokenizer and plain-text output they do not occur.
+
+Speculation counters: with ``server_metrics=True`` the server's Prometheus ``/metrics`` is read
+before and after each batch and the differences of the counters vLLM and llama.cpp's ``llama-server``
+both export (``*:spec_decode_num_drafts_total`` = verification steps, ``..._draft_tokens_total``,
+``..._accepted_tokens_total``; llama.cpp's ``n_decode_total`` = target passes and
+``tokens_predicted_total`` = emitted tokens) go into the batch's stats, so the audit table can say how
+often the speculative path actually ran. The server must serve nothing else meanwhile.
 
 Transport: stdlib ``urllib``, a timeout per request, retries with exponential backoff on
 connection errors, timeouts, HTTP 429 and 5xx, and at most ``max_rate`` requests per second.
@@ -45,6 +54,16 @@ from specdec_lab.samplers.naive import SampleResult, check_request
 # top_k 40, min_p 0.05, repeat_penalty 1.1); the neutral values leave the model's law untouched.
 LLAMA_CPP_NEUTRAL = (("top_k", 0), ("min_p", 0.0), ("typical_p", 1.0), ("repeat_penalty", 1.0),
                      ("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("mirostat_mode", 0))
+# The same for llama.cpp's own llama-server, whose request fields are named differently (``mirostat``)
+# and which also has DRY, XTC and top-n-sigma samplers (off by default; sent off explicitly).
+LLAMA_SERVER_NEUTRAL = (("top_k", 0), ("min_p", 0.0), ("typical_p", 1.0), ("repeat_penalty", 1.0),
+                        ("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("mirostat", 0),
+                        ("dry_multiplier", 0.0), ("xtc_probability", 0.0), ("top_n_sigma", -1.0))
+# Prometheus counters (name suffix -> stats key); vLLM and llama.cpp share the spec_decode_* names
+SERVER_COUNTERS = {"spec_decode_num_drafts_total": "verify_steps",
+                   "spec_decode_num_draft_tokens_total": "draft_tokens",
+                   "spec_decode_num_accepted_tokens_total": "accepted_tokens",
+                   "n_decode_total": "target_passes", "tokens_predicted_total": "emitted_tokens"}
 RETRY_STATUS = (429, 500, 502, 503, 504)
 SEED_RANGE = 2**32 - 1  # llama.cpp seeds are uint32; 0xFFFFFFFF means "random" there
 
@@ -65,6 +84,7 @@ class EndpointConfig:
     n_per_request: OpenAI's ``n`` (choices per request); some servers ignore it (counted).
     logprobs: ask for this many logprobs per token (the per-token pieces map text to ids); None: don't.
     server: a label for reports, e.g. "llama-cpp-python 0.3.36 (prompt lookup)".
+    server_metrics: read the server's ``/metrics`` counters around each batch (see the module docstring).
     timeout, retries, backoff: seconds per request, retries after the first try, first backoff
         (doubling each retry).
     max_rate: at most this many requests per second.
@@ -77,6 +97,7 @@ class EndpointConfig:
     n_per_request: int = 1
     logprobs: int | None = 1
     server: str | None = None
+    server_metrics: bool = False
     timeout: float = 30.0
     retries: int = 5
     backoff: float = 0.5
@@ -146,9 +167,12 @@ class EndpointClient:
         raise AssertionError("unreachable")
 
     def get(self, route: str) -> dict:
+        return json.loads(self.get_text(route))
+
+    def get_text(self, route: str) -> str:
         url = self.config.base_url.rstrip("/") + route
         with urllib.request.urlopen(url, timeout=self.config.timeout) as response:
-            return json.loads(response.read())
+            return response.read().decode()
 
     def _wait_for_rate(self) -> None:
         gap = 1.0 / self.config.max_rate - (time.monotonic() - self._last)
@@ -210,6 +234,7 @@ def sample_endpoint(pair, prompt: torch.Tensor, n: int, length: int, config: End
         raise ValueError("the prompt ids do not survive decode → encode; give the prompt as text")
     client, token_map = EndpointClient(config), TokenMap(pair.tokenizer, pair.vocab_size)
     rows, counts = [], {"requests": 0, "refused_samples": 0, "stopped_early": 0, "missing_choices": 0}
+    before = server_counters(client.get_text("/metrics")) if config.server_metrics else {}
     bar = tqdm(total=n, desc=f"endpoint {config.model}", unit="samples", leave=False, disable=not config.progress)
     while len(rows) < n:
         for seed in distinct_seeds(generator, -(-(n - len(rows)) // config.n_per_request)):
@@ -228,6 +253,9 @@ def sample_endpoint(pair, prompt: torch.Tensor, n: int, length: int, config: End
                     bar.update(1)
     bar.close()
     counts.update(requests=client.requests, retries=client.retried)
+    if config.server_metrics:
+        after = server_counters(client.get_text("/metrics"))
+        counts.update({key: int(round(after[key] - before.get(key, 0.0))) for key in after})
     return SampleResult(torch.tensor(rows, dtype=torch.long), None, counts)
 
 
@@ -238,6 +266,43 @@ def distinct_seeds(generator: torch.Generator, count: int) -> list[int]:
         draw = torch.randint(0, SEED_RANGE, (count,), generator=generator, device=generator.device).tolist()
         seeds = list(dict.fromkeys(seeds + draw))[:count]
     return seeds
+
+
+def server_counters(text: str) -> dict:
+    """The :data:`SERVER_COUNTERS` found in a Prometheus text exposition, by stats key.
+
+    >>> server_counters("# HELP x\\nllamacpp:n_decode_total 12\\nllamacpp:spec_decode_num_drafts_total 3")
+    {'target_passes': 12.0, 'verify_steps': 3.0}
+    """
+    found = {}
+    for line in text.splitlines():
+        if line.startswith("#") or " " not in line:
+            continue
+        name, value = line.rsplit(" ", 1)
+        name = name.split("{", 1)[0]
+        for suffix, key in SERVER_COUNTERS.items():
+            if name.endswith(":" + suffix) or name == suffix:
+                found[key] = found.get(key, 0.0) + float(value)
+    return found
+
+
+def speculation_summary(stats: dict) -> dict:
+    """How often the server speculated, from :func:`server_counters` differences (empty without them).
+
+    Every request's first token comes from the prompt's pass; each later target pass either verifies a
+    draft (a *verification step*) or samples one token without one.
+
+    >>> speculation_summary({"requests": 10, "target_passes": 30, "verify_steps": 15, "draft_tokens": 45,
+    ...                      "accepted_tokens": 20})
+    {'speculative steps': 0.75, 'drafted/step': 3.0, 'accepted/step': 1.3333333333333333}
+    """
+    if not stats.get("verify_steps") and "target_passes" not in stats:
+        return {}
+    steps = stats["target_passes"] - stats["requests"]
+    verify = stats.get("verify_steps", 0)
+    return {"speculative steps": verify / steps if steps else float("nan"),
+            "drafted/step": stats.get("draft_tokens", 0) / verify if verify else 0.0,
+            "accepted/step": stats.get("accepted_tokens", 0) / verify if verify else 0.0}
 
 
 def check_prompt_length(reply: dict, expected: int) -> None:
@@ -252,6 +317,9 @@ def choice_tokens(choice: dict, token_map: TokenMap, length: int) -> list[int] |
     """Token ids of one choice (see the module docstring), or None."""
     if choice.get("token_ids") is not None:  # servers that return ids directly
         return [int(t) for t in choice["token_ids"]]
+    content = (choice.get("logprobs") or {}).get("content")
+    if content and all("id" in entry for entry in content):  # llama-server: chat-style logprobs with ids
+        return [int(entry["id"]) for entry in content]
     pieces = (choice.get("logprobs") or {}).get("tokens")
     text = choice.get("text", "")
     if pieces:

@@ -17,14 +17,23 @@ Used by the endpoint tests' fixture, by ``.ci/run`` and by ``specdec-lab audit e
    aliases from the one GGUF: ``target`` (plain sampling) and ``target-lookup`` (llama-cpp-python's
    only speculative option, ``draft_model=prompt-lookup-decoding``, K tokens per pass), on a free
    loopback port, and waits until ``/v1/models`` answers.
+4. :func:`build_engine` builds llama.cpp's own ``llama-server`` and the ``llama-speculative`` /
+   ``llama-speculative-simple`` tools for the CPU from the same sdist's vendored tree (``make llama-cpp``,
+   once per machine, cached outside the clone by the pin); :func:`start_llama_server` serves the
+   bundled target with (``target-draft``: ``-md draft.gguf``, draft-model speculative decoding, K
+   tokens per pass, ``--spec-draft-p-min 0`` so the draft proposes on every step it can) or without
+   (``target-nodraft``, the reference) the bundled draft, converted the same way.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -36,15 +45,24 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from specdec_lab.models import BUNDLED_DIR
+from specdec_lab.sampling import SamplingConfig
 
 VERSION = "0.3.36"  # llama-cpp-python, pinned in requirements-audit.txt
 ALIASES = {"target": "plain sampling", "target-lookup": "prompt-lookup speculative decoding"}
 LOOKUP_TOKENS = 4  # draft_model_num_pred_tokens of the speculative alias (K), like verify's K = 4
+# llama.cpp's own server (built by build_engine), one process per alias
+SERVER_ALIASES = {"target-draft": "draft-model speculative decoding", "target-nodraft": "plain sampling"}
+DRAFT_TOKENS = 4  # --spec-draft-n-max of target-draft (K)
 ENV_URL = "SPECDEC_LAB_LLAMA_SERVER"  # set by .ci/run: a running server the tests use instead of their own
 
 
 def server_label(alias: str) -> str:
+    if alias in SERVER_ALIASES:
+        k = f", K={DRAFT_TOKENS}" if alias == "target-draft" else ""
+        return f"llama.cpp llama-server (vendored in llama-cpp-python {VERSION}; {SERVER_ALIASES[alias]}{k})"
     return f"llama-cpp-python {VERSION} ({ALIASES[alias]})"
 
 
@@ -74,6 +92,84 @@ def fetch_converter(dest: Path | None = None) -> Path:
             tar.extractall(staging, members=members, filter="data")
         dest.parent.mkdir(parents=True, exist_ok=True)
         os.replace(staging, dest)
+    return dest
+
+
+ENGINE_TARGETS = ("llama-server", "llama-speculative", "llama-speculative-simple")
+# CPU only, static, no network at build or run time: no HTTPS (OpenSSL), no BLAS, no web UI (the UI would
+# otherwise be downloaded from a Hugging Face bucket), no tests.
+ENGINE_CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DGGML_BLAS=OFF",
+                      "-DGGML_CUDA=OFF", "-DGGML_METAL=OFF", "-DGGML_VULKAN=OFF", "-DLLAMA_OPENSSL=OFF",
+                      "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+                      "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_BUILD_SERVER=ON")
+
+
+def engine_dir() -> Path:
+    """The per-machine llama.cpp build, keyed by the pin: ``$SPECDEC_LAB_LLAMA_CPP`` or
+    ``${XDG_CACHE_HOME:-~/.cache}/specdec-lab/llama.cpp-<VERSION>`` (outside every clone)."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return Path(os.environ.get("SPECDEC_LAB_LLAMA_CPP", cache / "specdec-lab" / f"llama.cpp-{VERSION}"))
+
+
+def engine_binary(name: str) -> Path:
+    """Path of a built llama.cpp program (``llama-server``, ...); a clear error when it is not built."""
+    path = engine_dir() / "bin" / name
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing; build llama.cpp with `make llama-cpp` "
+                                f"(python -m specdec_lab.adapters.llamacpp build-engine)")
+    return path
+
+
+def _download_sdist(dest: Path) -> Path:
+    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+                    f"llama-cpp-python=={VERSION}", "-d", str(dest)], check=True)
+    return next(dest.glob("llama_cpp_python-*.tar.gz"))
+
+
+def build_engine(dest: Path | None = None, jobs: int = 2) -> Path:
+    """Build ``ENGINE_TARGETS`` for the CPU from the llama.cpp tree vendored in the pinned sdist.
+
+    Done once per machine: a finished build (``<dest>/bin`` with every target and the ``.built`` stamp)
+    is reused; a new pin is a new directory. The source and the CMake build tree are kept in
+    ``<dest>/src`` and ``<dest>/build`` so an interrupted build resumes where it stopped.
+    """
+    dest = dest or engine_dir()
+    dest.mkdir(parents=True, exist_ok=True)
+    with open(dest / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two clones building at once: the second waits, then reuses
+        return _build_engine_locked(dest, jobs)
+
+
+def _build_engine_locked(dest: Path, jobs: int) -> Path:
+    stamp = dest / ".built"
+    if stamp.exists() and all((dest / "bin" / t).exists() for t in ENGINE_TARGETS):
+        return dest
+    src = dest / "src"
+    if not (src / "CMakeLists.txt").exists():
+        with tempfile.TemporaryDirectory() as tmp:
+            sdist = _download_sdist(Path(tmp))
+            prefix = f"llama_cpp_python-{VERSION}/vendor/llama.cpp/"
+            staging = Path(tmp) / "src"
+            with tarfile.open(sdist) as tar:
+                members = [m for m in tar.getmembers() if m.name.startswith(prefix) and (m.isfile() or m.isdir())]
+                for m in members:
+                    m.name = m.name[len(prefix):]
+                tar.extractall(staging, members=[m for m in members if m.name], filter="data")
+            if src.exists():
+                shutil.rmtree(src)
+            os.replace(staging, src)
+    build = dest / "build"
+    subprocess.run(["cmake", "-S", str(src), "-B", str(build), *ENGINE_CMAKE_FLAGS], check=True)
+    subprocess.run(["cmake", "--build", str(build), "--parallel", str(jobs), "--target", *ENGINE_TARGETS],
+                   check=True)
+    (dest / "bin").mkdir(exist_ok=True)
+    for t in ENGINE_TARGETS:
+        built = build / "bin" / t
+        tmp_copy = dest / "bin" / f".{t}.tmp"
+        tmp_copy.write_bytes(built.read_bytes())
+        tmp_copy.chmod(0o755)
+        os.replace(tmp_copy, dest / "bin" / t)
+    stamp.write_text(f"llama.cpp vendored in llama-cpp-python {VERSION}\n")
     return dest
 
 
@@ -173,13 +269,17 @@ def start_server(gguf: Path, workdir: Path, port: int | None = None, threads: in
         process = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--config_file", str(config)],
                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                    env={**os.environ, "OMP_NUM_THREADS": str(threads)})
-    server = LlamaServer(process, f"http://127.0.0.1:{port}", log)
+    return _wait_until_up(LlamaServer(process, f"http://127.0.0.1:{port}", log), "/v1/models", startup_timeout)
+
+
+def _wait_until_up(server: LlamaServer, route: str, startup_timeout: float) -> LlamaServer:
+    """Poll ``route`` until it answers 200; stop the server and raise with its log otherwise."""
     deadline = time.monotonic() + startup_timeout
     while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"llama.cpp server exited with {process.returncode}:\n{server.log_tail()}")
+        if server.process.poll() is not None:
+            raise RuntimeError(f"llama.cpp server exited with {server.process.returncode}:\n{server.log_tail()}")
         with contextlib.suppress(OSError):
-            with urllib.request.urlopen(server.base_url + "/v1/models", timeout=2) as response:
+            with urllib.request.urlopen(server.base_url + route, timeout=2) as response:
                 if response.status == 200:
                     return server
         time.sleep(0.2)
@@ -187,19 +287,240 @@ def start_server(gguf: Path, workdir: Path, port: int | None = None, threads: in
     raise RuntimeError(f"llama.cpp server did not answer within {startup_timeout:.0f} s:\n{server.log_tail()}")
 
 
+def llama_server_command(target: Path, port: int, draft: Path | None = None, threads: int = 1,
+                         draft_tokens: int = DRAFT_TOKENS) -> list[str]:
+    """``llama-server`` on loopback: one slot, f32 KV caches (as the llama-cpp-python server), ``/metrics``
+    on, and with ``draft`` the draft model proposing ``draft_tokens`` tokens per pass on every step it can
+    (``--spec-draft-n-min 0``: no minimum; ``--spec-draft-p-min 0``: no confidence cut-off)."""
+    command = [str(engine_binary("llama-server")), "-m", str(target), "--host", "127.0.0.1", "--port", str(port),
+               "-c", "512", "-np", "1", "-t", str(threads), "-tb", str(threads), "-ctk", "f32", "-ctv", "f32",
+               "--metrics", "--no-webui", "--no-warmup", "-a", "target-nodraft" if draft is None else "target-draft"]
+    if draft is not None:
+        # --spec-type draft-simple: without it this llama.cpp loads the -md model and never drafts (the type is
+        # inferred from the draft GGUF only for MTP/DFlash heads; a plain Llama draft leaves it at "none")
+        command += ["-md", str(draft), "--spec-type", "draft-simple", "-td", str(threads), "-tbd", str(threads),
+                    "-ctkd", "f32", "-ctvd", "f32",
+                    "--spec-draft-n-max", str(draft_tokens), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]
+    return command
+
+
+def start_llama_server(target: Path, workdir: Path, draft: Path | None = None, port: int | None = None,
+                       threads: int = 1, draft_tokens: int = DRAFT_TOKENS,
+                       startup_timeout: float = 120.0) -> LlamaServer:
+    """Start llama.cpp's ``llama-server`` (built by :func:`build_engine`) and wait until ``/health`` answers."""
+    port = port or free_port()
+    log = workdir / f"llama-server-{port}.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(llama_server_command(target, port, draft, threads, draft_tokens),
+                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                   env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+    return _wait_until_up(LlamaServer(process, f"http://127.0.0.1:{port}", log), "/health", startup_timeout)
+
+
+def greedy_tokens(base_url: str, pair, text: str, length: int) -> list[int]:
+    """``length`` greedy (temperature 0) token ids from a llama-server after ``text`` (neutral sampler)."""
+    from specdec_lab.adapters.endpoint import (LLAMA_SERVER_NEUTRAL, EndpointClient, EndpointConfig, EndpointError,
+                                               TokenMap, choice_tokens)
+
+    reply = EndpointClient(EndpointConfig(base_url, "greedy")).post(
+        "/v1/completions", {"prompt": text, "max_tokens": length, "temperature": 0.0, "logprobs": 1,
+                            **dict(LLAMA_SERVER_NEUTRAL)})
+    ids = choice_tokens(reply["choices"][0], TokenMap(pair.tokenizer, pair.vocab_size), length)
+    if ids is None or len(ids) != length:
+        raise EndpointError(f"no {length} greedy tokens in the reply: {reply['choices'][0]}")
+    return ids
+
+
+GREEDY_PROMPTS = ("ROMEO:\n", "JULIET:\n", "KING HENRY:\nWhat", "First Citizen:\nBefore we proceed", "MENENIUS:\nWhy,",
+                  "ROMEO:\nGood night, good night!\nJULIET:\nGood night, good", "HAMLET:\nTo be", "LADY MACBETH:\n",
+                  "GLOUCESTER:\nNow is the", "PROSPERO:\n", "CORIOLANUS:\nI", "QUEEN:\nMy lord,", "Second Servant:\n",
+                  "BRUTUS:\nThe", "DUKE VINCENTIO:\nHe", "ISABELLA:\nO,", "LUCIO:\nWhy, how now", "Nurse:\nFaith,",
+                  "MERCUTIO:\nNay,", "FRIAR LAURENCE:\nHoly")
+
+
+def greedy_parity(pair, prompts=GREEDY_PROMPTS, length: int = 64) -> dict:
+    """Greedy tokens of llama-server with the draft, without it, and our target's argmax, per prompt.
+
+    Returns the number of prompts on which all three agree on every token, the first differing positions
+    otherwise, and the draft server's speculation counters over these requests.
+    """
+    from specdec_lab.adapters.endpoint import EndpointClient, EndpointConfig, server_counters
+
+    differing = {}
+    with bundled_server(model="target-draft") as spec, bundled_server(model="target-nodraft") as plain:
+        client = EndpointClient(EndpointConfig(spec.base_url, "target-draft"))
+        before = server_counters(client.get_text("/metrics"))
+        for text in prompts:
+            a, b = greedy_tokens(spec.base_url, pair, text, length), greedy_tokens(plain.base_url, pair, text, length)
+            x = pair.encode(text)
+            with torch.no_grad():
+                logits = pair.target(torch.cat([x, torch.tensor(b)])[None].to(pair.device)).logits
+            ours = logits[0, len(x) - 1:-1, : pair.vocab_size].argmax(-1).tolist()
+            wrong = [i for i in range(length) if not a[i] == b[i] == ours[i]]
+            if wrong:
+                differing[text] = wrong[:5]
+        after = server_counters(client.get_text("/metrics"))
+    return {"prompts": len(prompts), "tokens": length, "identical": len(prompts) - len(differing),
+            "differing": differing, "counters": {k: after[k] - before.get(k, 0.0) for k in after}}
+
+
+# ------------------------------------------------------------ llama.cpp's `speculative` example as a sampler
+
+# In its debug log (-v) every emitted token appears once, in order: an accepted draft token, or the token
+# that ends a verification round (a residual sample after a rejection, the bonus token, or the first token).
+_SPEC_TOKEN = re.compile(r"draft token \d+ of sequence \d+ \((-?\d+), '.*?'\) (accepted|rejected)"
+                         r"|the sampled target token \((-?\d+), ", re.S)
+_SPEC_ENCODED = re.compile(r"encoded\s+(\d+) tokens")
+
+
+@dataclass(frozen=True)
+class SpeculativeTool:
+    """llama.cpp's ``llama-speculative`` example (stochastic verification at T > 0) as a sampler.
+
+    One process per sample (the tool generates one sequence per run), seeded from the collection's
+    generator; the token ids are read from its debug log. ``target``/``draft`` are GGUF files
+    (:func:`convert_to_gguf`). It runs at ``-n length``, stops after the verification round that
+    passes ``length`` tokens, and the first ``length`` tokens are kept.
+    """
+
+    target: str
+    draft: str
+    sampling: SamplingConfig = SamplingConfig()
+    k: int = DRAFT_TOKENS
+    threads: int = 1
+    progress: bool = True
+
+    def describe(self) -> dict:
+        return {"sampler": f"llama.cpp llama-speculative (vendored in llama-cpp-python {VERSION}) K={self.k}",
+                "k": self.k, **self.sampling.describe()}
+
+    def command(self, prompt_text: str, length: int, seed: int) -> list[str]:
+        s = self.sampling
+        top_k = 0 if s.top_k is None else s.top_k
+        return [str(engine_binary("llama-speculative")), "-m", self.target, "-md", self.draft, "-p", prompt_text,
+                "-n", str(length), "-s", str(seed), "--temp", f"{s.temperature:g}", "--top-k", str(top_k),
+                "--top-p", f"{s.top_p:g}", "--min-p", "0", "--repeat-penalty", "1", "-c", "256", "-np", "1",
+                "-t", str(self.threads), "-td", str(self.threads), "-ctk", "f32", "-ctv", "f32", "-ctkd", "f32",
+                "-ctvd", "f32", "--spec-draft-n-max", str(self.k), "--spec-draft-p-min", "0", "-v"]
+
+    def draw(self, pair, prompt, n, length, generator):
+        from tqdm.auto import tqdm
+
+        from specdec_lab.adapters.endpoint import distinct_seeds
+        from specdec_lab.samplers.naive import SampleResult, check_request
+
+        check_request(prompt, n, length)
+        text = pair.decode(prompt.tolist())
+        rows, counts = [], {"processes": 0, "refused_samples": 0, "stopped_early": 0, "reruns": 0}
+        bar = tqdm(total=n, desc="llama-speculative", leave=False, disable=not self.progress)
+        while len(rows) < n:
+            for seed in distinct_seeds(generator, n - len(rows)):
+                ids = self._run(pair, text, len(prompt), length, seed, counts)
+                if ids is None:  # an end-of-text token before `length` tokens: refused, as the endpoint does
+                    counts["refused_samples"] += 1
+                    counts["stopped_early"] += 1
+                else:
+                    rows.append(ids[:length])
+                    bar.update(1)
+        bar.close()
+        return SampleResult(torch.tensor(rows, dtype=torch.long), None, counts)
+
+    def _run(self, pair, text: str, prompt_tokens: int, length: int, seed: int, counts: dict) -> list[int] | None:
+        """One sample: the token ids of one process, checked against the text it printed.
+
+        The tool's logger is asynchronous and loses the tail of its output now and then when the process
+        exits; a run whose ids do not decode to its printed text, or that has fewer than ``length`` ids, is
+        run again with the same seed (the same sample), up to 3 times. Still short after that: an
+        end-of-text token, refused (None).
+        """
+        ids: list[int] = []
+        for _ in range(3):
+            counts["processes"] += 1
+            done = subprocess.run(self.command(text, length, seed), capture_output=True, text=True, errors="replace",
+                                  env={**os.environ, "OMP_NUM_THREADS": str(self.threads)})
+            log = done.stdout + done.stderr
+            if done.returncode != 0:
+                raise RuntimeError(f"llama-speculative failed (exit {done.returncode}):\n{log[-3000:]}")
+            encoded = _SPEC_ENCODED.search(log)
+            if encoded is not None and int(encoded.group(1)) != prompt_tokens:
+                raise RuntimeError(f"llama-speculative read the prompt as {encoded.group(1)} tokens, the local "
+                                   f"tokenizer as {prompt_tokens} (an added BOS token?)")
+            ids = [int(drafted or ended) for drafted, verdict, ended in _SPEC_TOKEN.findall(log)
+                   if verdict != "rejected"]
+            printed = done.stdout.strip("\n")
+            if printed.startswith(text) and pair.decode(ids) == printed[len(text):] and len(ids) >= length:
+                return ids
+            counts["reruns"] += 1
+        return None
+
+
 @contextlib.contextmanager
-def bundled_server(threads: int = 1):
-    """Convert the bundled target into a temporary folder, serve it, yield the server, stop it."""
+def bundled_server(threads: int = 1, model: str = "target"):
+    """Convert the bundled target (and draft) into a temporary folder, serve it, yield the server, stop it.
+
+    ``model`` in :data:`ALIASES`: llama-cpp-python's server (serving every alias of ``ALIASES``);
+    in :data:`SERVER_ALIASES`: llama.cpp's ``llama-server`` with (``target-draft``) or without
+    (``target-nodraft``) the bundled draft.
+    """
+    if model not in ALIASES and model not in SERVER_ALIASES:
+        raise ValueError(f"unknown bundled model {model!r}; valid: {', '.join([*ALIASES, *SERVER_ALIASES])}")
     with tempfile.TemporaryDirectory(prefix="specdec-llama-") as tmp:
         gguf = convert_to_gguf(Path(tmp) / "target-f32.gguf")
-        server = start_server(gguf, Path(tmp), threads=threads)
+        if model in SERVER_ALIASES:
+            draft = convert_to_gguf(Path(tmp) / "draft-f32.gguf", BUNDLED_DIR / "draft") \
+                if model == "target-draft" else None
+            server = start_llama_server(gguf, Path(tmp), draft, threads=threads)
+        else:
+            server = start_server(gguf, Path(tmp), threads=threads)
         try:
             yield server
         finally:
             server.stop()
 
 
-def _serve(url_file: Path | None, threads: int) -> int:
+@contextlib.contextmanager
+def bundled_ggufs():
+    """The bundled target and draft as f32 GGUF files in a temporary folder: yields (target, draft)."""
+    with tempfile.TemporaryDirectory(prefix="specdec-llama-") as tmp:
+        yield (convert_to_gguf(Path(tmp) / "target-f32.gguf"),
+               convert_to_gguf(Path(tmp) / "draft-f32.gguf", BUNDLED_DIR / "draft"))
+
+
+def speculative_example_law(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """The law of one drafted position under ``llama-speculative``'s stochastic rule (one draft sequence).
+
+    The example drafts the *most probable* draft token x* (``cur_p->data[0]`` after sorting) instead of
+    a sample of q, then accepts it with probability min(1, p(x*)/q(x*)) and otherwise samples the residual
+    (p − q)₊ / Σ(p − q)₊ — modified rejection sampling, which is exact only for a draft token drawn from q.
+    Output law: a·δ(x*) + (1 − a)·residual with a = min(1, p(x*)/q(x*)). ``p``, ``q``: (V,) laws after the
+    sampler chain.
+
+    >>> law = speculative_example_law(torch.tensor([0.5, 0.5]), torch.tensor([0.9, 0.1]))
+    >>> [round(v, 3) for v in law.tolist()]   # p is (0.5, 0.5); the example gives 5/9 to the draft's favourite
+    [0.556, 0.444]
+    """
+    x = int(torch.argmax(q))
+    accept = min(1.0, float(p[x] / q[x]))
+    residual = torch.clamp(p - q, min=0)
+    law = (1 - accept) * residual / residual.sum() if residual.sum() > 0 else torch.zeros_like(p)
+    law[x] += accept
+    return law
+
+
+def audit_speculative_tool(n: int, length: int, out: Path, sampling: SamplingConfig = SamplingConfig(),
+                           seed: int = 0, prompt: str = "ROMEO:\n", tolerance: float = 0.02):
+    """Audit llama.cpp's ``llama-speculative`` on the bundled pair (one process per sample)."""
+    from specdec_lab.audit import audit
+    from specdec_lab.models import load_pair
+    from specdec_lab.suite import SuiteSettings
+
+    with bundled_ggufs() as (target, draft):
+        tool = SpeculativeTool(str(target), str(draft), sampling)
+        return audit(load_pair("bundled"), tool, n, length, out, prompt=prompt, seed=seed,
+                     settings=SuiteSettings(tolerance=tolerance))
+
+
+def _serve(url_file: Path | None, threads: int, model: str = "target") -> int:
     """Serve until SIGTERM/SIGINT; write the base URL to ``url_file`` once it answers."""
     stop = {"now": False}
 
@@ -208,10 +529,11 @@ def _serve(url_file: Path | None, threads: int) -> int:
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
-    with bundled_server(threads) as server:
+    with bundled_server(threads, model) as server:
         if url_file:
             url_file.write_text(server.base_url)
-        print(f"serving the bundled target at {server.base_url} (models: {', '.join(ALIASES)})", flush=True)
+        served = model if model in SERVER_ALIASES else ", ".join(ALIASES)
+        print(f"serving the bundled target at {server.base_url} (models: {served})", flush=True)
         while not stop["now"] and server.process.poll() is None:
             time.sleep(0.5)
     return 0
@@ -221,6 +543,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specdec_lab.adapters.llamacpp")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("fetch-converter", help="extract llama.cpp's HF → GGUF converter from the pinned sdist")
+    b = sub.add_parser("build-engine", help="build llama-server and the speculative tools for the CPU (cached)")
+    b.add_argument("--jobs", type=int, default=2)
     c = sub.add_parser("convert", help="convert an HF model directory to an f32 GGUF")
     c.add_argument("model_dir", type=Path)
     c.add_argument("out", type=Path)
@@ -228,14 +552,39 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("serve", help="serve the bundled target on loopback until SIGTERM")
     s.add_argument("--url-file", type=Path, default=None, help="write the server's base URL here")
     s.add_argument("--threads", type=int, default=1)
+    s.add_argument("--model", default="target", choices=[*ALIASES, *SERVER_ALIASES],
+                   help="target/target-lookup: llama-cpp-python's server; target-draft/target-nodraft: llama-server")
+    a = sub.add_parser("audit-speculative", help="audit llama.cpp's llama-speculative example on the bundled pair")
+    a.add_argument("--samples", type=int, default=2000)
+    a.add_argument("--length", type=int, default=DRAFT_TOKENS + 2)
+    a.add_argument("--temperature", type=float, default=1.0)
+    a.add_argument("--seed", type=int, default=0)
+    a.add_argument("--out", type=Path, required=True, help="sample file (parquet; resumes)")
+    g = sub.add_parser("greedy-parity", help="greedy: llama-server with the draft vs without vs our argmax")
+    g.add_argument("--length", type=int, default=64)
     args = parser.parse_args(argv)
+    if args.command == "greedy-parity":
+        from specdec_lab.models import load_pair
+
+        found = greedy_parity(load_pair("bundled"), length=args.length)
+        print(json.dumps(found, indent=1))
+        return 0 if found["identical"] == found["prompts"] else 1
+    if args.command == "audit-speculative":
+        result = audit_speculative_tool(args.samples, args.length, args.out,
+                                        SamplingConfig(temperature=args.temperature), seed=args.seed)
+        print(result.tests()[["test", "statistic", "pvalue"]].to_string(index=False))
+        print(json.dumps(result.summary(), default=str, indent=1))
+        return 0
     if args.command == "fetch-converter":
         print(fetch_converter())
+        return 0
+    if args.command == "build-engine":
+        print(build_engine(jobs=args.jobs))
         return 0
     if args.command == "convert":
         _run_converter(args.converter or converter_dir(), args.model_dir, args.out)
         return 0
-    return _serve(args.url_file, args.threads)
+    return _serve(args.url_file, args.threads, args.model)
 
 
 if __name__ == "__main__":
