@@ -63,6 +63,9 @@ def implementation_label(described: dict) -> str:
     if described.get("sampler") == "hf_generate":
         k = f" K={described['k']}" if "k" in described else ""
         return f"HF transformers {described['transformers_version']} {described['mode']}{k}"
+    if described.get("sampler") == "vllm_offline":
+        k = f" K={described['k']}" if "k" in described else ""
+        return f"vLLM {described['vllm_version']} offline, {described['method']}{k}"
     if described.get("sampler") == "endpoint":
         server = described.get("server") or "OpenAI-compatible server"
         return f"{server} `{described['model']}`"
@@ -91,6 +94,8 @@ class AuditResult:
             settings += f", scored at {settings_label(self.scored_at)}"
         stats = self.samples.meta.get("stats") or {}
         per_pass = stats["emitted_tokens"] / stats["target_passes"] if stats.get("target_passes") else np.nan
+        if stats.get("draft_steps"):  # vLLM's own counters: mean acceptance length per verification pass
+            per_pass = 1 + stats["accepted_tokens"] / stats["draft_steps"]
         s = self.suite
         return {"implementation": self.name, "settings": settings, "expected": self.expected,
                 "L": self.samples.meta["length"], "m": s.m, "TV plug-in": s.tv_plugin,

@@ -1,0 +1,92 @@
+"""vLLM's offline engine as a worker process: runs inside ``.venv-vllm``, imports only vLLM and the stdlib.
+
+Started by :mod:`specdec_lab.adapters.vllm` as ``.venv-vllm/bin/python -P vllm_worker.py ENGINE_JSON``
+(by file path, so it never imports ``specdec_lab`` and its pins; ``-P`` keeps this folder, whose
+``vllm.py`` is the adapter, off ``sys.path``). ``ENGINE_JSON`` holds the keyword
+arguments of ``vllm.LLM`` (model, speculative_config, seed, dtype, ...). The worker builds one
+engine, then answers jobs: one JSON line per job on stdin, one JSON line per reply on its reply
+channel (the stdout it was started with; vLLM's own prints and logs are sent to stderr).
+
+Job: ``{"prompt_ids": [...], "seeds": [...], "n_per_request": n, "length": L, "temperature": T,
+"top_p": P, "top_k": K}``: one request per seed, each with ``n`` completions of exactly L tokens
+(``min_tokens = max_tokens = L``, ``ignore_eos``), all submitted at once (``LLM.generate`` batches
+them, which keeps the engine saturated). Reply: ``{"tokens": [[...] × n per seed, in seed order],
+"metrics": {vLLM's spec-decode counters over this job}}``, or ``{"error": "..."}``.
+
+Seeds: vLLM gives the i-th of the n completions of a request with seed s the seed s + i
+(``vllm/v1/engine/parallel_sampling.py``, ``ParentRequest._get_child_sampling_params``), and each
+seeded request its own ``torch.Generator`` (``gpu_model_runner.py``: ``generator.manual_seed``).
+The caller therefore sends seeds on a lattice of step n, so the blocks [s, s + n) never overlap.
+"""
+
+import json
+import os
+import sys
+import time
+
+SPEC_COUNTERS = {"vllm:spec_decode_num_drafts": "draft_steps",
+                 "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+                 "vllm:spec_decode_num_accepted_tokens": "accepted_tokens"}
+
+
+def spec_counters(llm) -> dict:
+    """vLLM's own spec-decode counters (cumulative), by our names; zeros without speculation."""
+    totals = dict.fromkeys(SPEC_COUNTERS.values(), 0)
+    for metric in llm.get_metrics():
+        if metric.name in SPEC_COUNTERS and hasattr(metric, "value"):
+            totals[SPEC_COUNTERS[metric.name]] += int(metric.value)
+    return totals
+
+
+def run_job(llm, job: dict) -> dict:
+    from vllm import SamplingParams
+
+    n, length = job["n_per_request"], job["length"]
+    requests, params = [], []
+    for seed in job["seeds"]:
+        requests.append({"prompt_token_ids": job["prompt_ids"]})
+        params.append(SamplingParams(n=n, seed=seed, max_tokens=length, min_tokens=length, ignore_eos=True,
+                                     temperature=job["temperature"], top_p=job["top_p"], top_k=job["top_k"] or 0,
+                                     detokenize=False))
+    before = spec_counters(llm)
+    started = time.monotonic()
+    outputs = llm.generate(requests, params, use_tqdm=False)
+    seconds = time.monotonic() - started
+    after = spec_counters(llm)
+    tokens = []
+    for output in outputs:  # LLM.generate returns outputs in request order
+        completions = sorted(output.outputs, key=lambda c: c.index)
+        if len(completions) != n:
+            return {"error": f"request {output.request_id} returned {len(completions)} completions, asked {n}"}
+        tokens += [list(c.token_ids) for c in completions]
+    metrics = {key: after[key] - before[key] for key in after}
+    metrics.update(requests=len(requests), engine_seconds=seconds)
+    return {"tokens": tokens, "metrics": metrics}
+
+
+def main() -> int:
+    reply = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # everything vLLM prints goes to stderr; the reply channel carries only JSON lines
+    engine = json.loads(sys.argv[1])
+    try:
+        import vllm
+        from vllm import LLM
+
+        llm = LLM(**engine)
+    except Exception as exc:  # report vLLM's own refusal, then exit non-zero
+        reply.write(json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n")
+        return 2
+    reply.write(json.dumps({"ready": True, "vllm_version": vllm.__version__}) + "\n")
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            answer = run_job(llm, json.loads(line))
+        except Exception as exc:
+            answer = {"error": f"{type(exc).__name__}: {exc}"}
+        reply.write(json.dumps(answer) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
