@@ -64,9 +64,48 @@ def run_job(llm, job: dict) -> dict:
     return {"tokens": tokens, "metrics": metrics}
 
 
+def parse_command(argv: list) -> dict:
+    """Parse one command line with vLLM's own CLI parser: ``vllm serve ...`` through the ``serve``
+    subcommand's parser, then ``EngineArgs.from_cli_args``; ``python -m vllm.entrypoints.openai.api_server
+    ...`` (the pre-2025 entry point) through the same argument set. Returns the parsed engine
+    settings, or vLLM's own error message."""
+    import argparse
+    import contextlib
+    import io
+
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    if argv[:2] == ["vllm", "serve"]:
+        parser = FlexibleArgumentParser(prog="vllm")
+        ServeSubcommand().subparser_init(parser.add_subparsers(dest="subcommand"))
+        args_in = argv[1:]
+    elif argv[:3] == ["python", "-m", "vllm.entrypoints.openai.api_server"]:
+        parser = make_arg_parser(FlexibleArgumentParser(prog="api_server"))
+        args_in = argv[3:]
+    else:
+        return {"error": f"not a vLLM command: {argv[:3]}"}
+    errors = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(errors):
+            args = parser.parse_args(args_in)
+    except SystemExit:
+        return {"error": errors.getvalue().strip().splitlines()[-1] if errors.getvalue() else "parser exited"}
+    model = getattr(args, "model_tag", None) or args.model
+    engine = EngineArgs.from_cli_args(argparse.Namespace(**{**vars(args), "model": model}))
+    return {"model": engine.model, "tensor_parallel_size": engine.tensor_parallel_size,
+            "gpu_memory_utilization": engine.gpu_memory_utilization, "max_model_len": engine.max_model_len,
+            "speculative_config": engine.speculative_config}
+
+
 def main() -> int:
     reply = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # everything vLLM prints goes to stderr; the reply channel carries only JSON lines
+    if sys.argv[1] == "--parse":  # argv[2]: JSON list of command lines (each a list of arguments)
+        reply.write(json.dumps([parse_command(argv) for argv in json.loads(sys.argv[2])]) + "\n")
+        return 0
     engine = json.loads(sys.argv[1])
     try:
         import vllm
