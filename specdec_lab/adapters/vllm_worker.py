@@ -100,9 +100,76 @@ def parse_command(argv: list) -> dict:
             "speculative_config": engine.speculative_config}
 
 
+def cpu_kernels():
+    """Register the C++ kernels the CPU engine uses in place of vLLM's Triton kernels (as the engine does)."""
+    import vllm._custom_ops  # noqa: F401  (loads torch.ops._C)
+    from vllm.platforms import current_platform
+
+    current_platform.register_triton_kernel_overrides()
+
+
+def expand_check() -> dict:
+    """Minimal reproduction of the finding: ``expand_batch_to_tokens`` (rejection_sampler.py) with the CPU
+    kernel, on per-request temperatures [1.0, 0.7] with 2 draft tokens each."""
+    import torch
+
+    cpu_kernels()
+    from vllm.v1.sample.rejection_sampler import expand_batch_to_tokens
+
+    got = expand_batch_to_tokens(torch.tensor([1.0, 0.7]), torch.tensor([2, 4], dtype=torch.int32), 4,
+                                 replace_from=0, replace_to=1)
+    return {"expected": [1.0, 1.0, 0.7, 0.7], "got": [float(v) for v in got]}
+
+
+def sampler_check(job: dict) -> dict:
+    """vLLM's rejection sampler (``RejectionSampler.forward``'s two steps: ``apply_sampling_constraints``,
+    then ``rejection_sample``) on exact laws: B requests, each with K drafts from q (``draft_probs`` given,
+    vLLM's probabilistic drafting) or the argmax of q (``draft_probs`` None, its default greedy drafting),
+    every position with the same target logits. Returns per-position counts of the emitted tokens."""
+    import torch
+
+    cpu_kernels()
+    from vllm.v1.sample import rejection_sampler as rs
+    from vllm.v1.sample.logits_processor import LogitsProcessors
+    from vllm.v1.sample.metadata import SamplingMetadata
+
+    B, K = job["requests"], job["k"]
+    logits, logq = torch.tensor(job["target_logits"]), torch.tensor(job["draft_logprobs"])  # (V,), (V,)
+    V = logits.numel()
+    generator = torch.Generator().manual_seed(2 * job["seed"] + 1)  # drafts and bonus tokens
+    torch.manual_seed(2 * job["seed"])  # vLLM's own draws (unseeded requests use the global generator)
+    if job["greedy_draft"]:
+        draft, draft_probs = torch.full((B * K,), int(logq.argmax()), dtype=torch.int32), None
+    else:
+        q = logq.exp()
+        draft = torch.multinomial(q, B * K, replacement=True, generator=generator).to(torch.int32)
+        draft_probs = q.expand(B * K, V).contiguous()
+    meta = SamplingMetadata(
+        temperature=torch.full((B,), job["temperature"]), all_greedy=False, all_random=True, top_p=None,
+        top_k=None, generators={}, max_num_logprobs=None, no_penalties=True, prompt_token_ids=None,
+        frequency_penalties=torch.zeros(B), presence_penalties=torch.zeros(B), repetition_penalties=torch.ones(B),
+        output_token_ids=[[] for _ in range(B)], allowed_token_ids_mask=None, bad_words_token_ids={},
+        logitsprocs=LogitsProcessors())
+    cu = torch.arange(1, B + 1, dtype=torch.int32) * K
+    target = logits.expand(B * K, V).contiguous().clone()
+    if job["constraints"]:
+        target = rs.apply_sampling_constraints(target, cu, meta)
+    bonus = torch.multinomial(torch.softmax(logits / job["temperature"], -1), B, replacement=True,
+                              generator=generator)[:, None]
+    out = rs.rejection_sample(draft, [K] * B, K, cu, draft_probs, target, bonus, meta)  # (B, K + 1)
+    counts = [torch.bincount(out[:, j][out[:, j] >= 0].long(), minlength=V).tolist() for j in range(K + 1)]
+    return {"counts": counts}
+
+
 def main() -> int:
     reply = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # everything vLLM prints goes to stderr; the reply channel carries only JSON lines
+    if sys.argv[1] == "--expand-check":
+        reply.write(json.dumps(expand_check()) + "\n")
+        return 0
+    if sys.argv[1] == "--sampler-check":  # stdin: one job
+        reply.write(json.dumps(sampler_check(json.loads(sys.stdin.read()))) + "\n")
+        return 0
     if sys.argv[1] == "--parse":  # argv[2]: JSON list of command lines (each a list of arguments)
         reply.write(json.dumps([parse_command(argv) for argv in json.loads(sys.argv[2])]) + "\n")
         return 0
