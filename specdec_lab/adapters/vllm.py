@@ -405,6 +405,16 @@ def duplicate_check(tokens: np.ndarray, p_x: np.ndarray) -> dict:
     return {"m": m, "duplicate_pairs": pairs, "expected_pairs": expected, "pvalue": pvalue}
 
 
+def expand_check() -> dict:
+    """The finding's minimal reproduction, run in ``.venv-vllm``: vLLM's ``expand_batch_to_tokens`` with the CPU
+    kernel, per-request temperatures [1.0, 0.7] → per-token values (expected [1.0, 1.0, 0.7, 0.7])."""
+    done = subprocess.run([str(vllm_python()), "-P", str(WORKER), "--expand-check"], capture_output=True,
+                          text=True, env=worker_env(), timeout=600)
+    if done.returncode != 0:
+        raise VllmError(f"expand check failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout)
+
+
 def sampler_check(pair, prompt: torch.Tensor, temperature: float = 1.0, k: int = 4, requests: int = 20000,
                   greedy_draft: bool = True, constraints: bool = True, seed: int = 0) -> list[dict]:
     """vLLM's own rejection sampler on the exact laws p and q of the bundled models after ``prompt``.
