@@ -60,13 +60,14 @@ METHODS = {
     "draft_model": "the bundled draft model (Leviathan/Chen rejection sampling)",
     "ngram": "prompt lookup: n-gram matches in the context, no model (prompt_lookup_min 1, max 4)",
     "suffix": "suffix decoding (a suffix tree over the prompt and earlier outputs)",
-    "medusa": "Medusa heads (the bundled heads converted to vLLM's layout)",
+    "medusa": "Medusa heads (the bundled heads converted to vLLM's layout by convert_medusa)",
     "eagle": "an EAGLE head for the bundled target",
 }
 # Engine settings for this audit on a CPU: fp32 like the local scorer, no CUDA-graph capture, the
 # model's generation_config ignored (vLLM would otherwise take sampling defaults from it), a small
 # KV-cache share of RAM (the CPU backend reserves gpu_memory_utilization × RAM), stats on (the
 # spec-decode counters).
+MEDUSA_DIR = Path(tempfile.gettempdir()) / "specdec-lab-vllm-medusa"  # the bundled heads, converted on use
 MAX_MODEL_LEN = 512
 MEMORY_SHARE = 0.05
 AUDIT_FLAGS = ["--dtype", "float32", "--enforce-eager", "--generation-config", "vllm", "--seed", "0"]
@@ -96,7 +97,9 @@ def serving_config(method: str, k: int = 4, target: Path = BUNDLED_DIR / "target
         return None
     if method == "draft_model":
         draft = draft or BUNDLED_DIR / "draft"
-    if method in ("medusa", "eagle") and draft is None:
+    if method == "medusa" and draft is None:
+        draft = convert_medusa(MEDUSA_DIR)
+    if method == "eagle" and draft is None:
         raise ValueError(f"method {method!r} needs a head checkpoint in vLLM's layout (draft=<dir>)")
     if method == "suffix":
         raise ValueError("suffix decoding is not in specdec_lab.serving's methods")
@@ -127,6 +130,30 @@ def engine_kwargs(method: str, k: int = 4, draft: Path | None = None) -> dict:
 
         kwargs["speculative_config"] = vllm_speculative_config(config)
     return kwargs
+
+
+def convert_medusa(dest: Path, heads: Path = BUNDLED_DIR / "medusa") -> Path:
+    """The bundled Medusa heads in vLLM's ``MedusaModel`` layout (``vllm/model_executor/models/medusa.py``).
+
+    Ours: head i = ``out.i(h + silu(blocks.i(h)))``; vLLM's ResidualBlock with one layer and
+    ``medusa_fc_bias`` is the same map, so the conversion is a rename (``blocks.i`` →
+    ``blocks.i.layers.0``, ``out.i`` → ``lm_heads.i``) plus vLLM's config keys.
+    """
+    from safetensors.torch import load_file, save_file
+
+    ours = json.loads((heads / "config.json").read_text())
+    state = load_file(str(heads / "heads.safetensors"))
+    renamed = {}
+    for name, tensor in state.items():
+        kind, index, *rest = name.split(".")
+        renamed[f"blocks.{index}.layers.0.{rest[0]}" if kind == "blocks" else f"lm_heads.{index}.weight"] = tensor
+    dest.mkdir(parents=True, exist_ok=True)
+    save_file(renamed, str(dest / "model.safetensors"))
+    config = {"architectures": ["MedusaModel"], "model_type": "medusa", "hidden_size": ours["hidden_size"],
+              "vocab_size": ours["vocab_size"], "num_heads": ours["num_heads"], "num_hidden_layers": 1,
+              "truncated_vocab_size": ours["vocab_size"], "medusa_fc_bias": True}
+    (dest / "config.json").write_text(json.dumps(config, indent=1))
+    return dest
 
 
 def worker_env() -> dict:
