@@ -199,14 +199,19 @@ class Worker:
         return Path(self.log.name).read_text(errors="replace")[-chars:]
 
     def close(self) -> None:
+        """Close stdin (the worker exits at once); terminate it if it has not within 10 s."""
         if self.process.poll() is None:
             with contextlib.suppress(OSError):
                 self.process.stdin.close()
             try:
-                self.process.wait(timeout=30)
+                self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+                self.process.terminate()
+                try:
+                    self.process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    self.process.kill()
+                    self.process.wait()
 
 
 _WORKERS: dict[str, Worker] = {}

@@ -191,7 +191,8 @@ def main() -> int:
         except Exception as exc:
             answer = {"error": f"{type(exc).__name__}: {exc}"}
         reply.write(json.dumps(answer) + "\n")
-    return 0
+    reply.flush()
+    os._exit(0)  # stdin closed: leave without vLLM's engine shutdown, which can hang in a worker
 
 
 if __name__ == "__main__":
