@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: verify test bench train train-medusa clean-venv notebooks lab browser llama-cpp
+.PHONY: verify test bench train train-medusa clean-venv notebooks lab browser llama-cpp vllm
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,19 @@ $(AUDIT_STAMP): requirements-audit.txt $(STAMP)
 # reused by every later clone. The draft-model audit (tests/test_audit_llamacpp_draft.py) serves with it.
 llama-cpp: $(STAMP)
 	$(BIN)/python -m specdec_lab.adapters.llamacpp build-engine --jobs 2
+
+# vLLM's CPU build in its own environment (it pins an older transformers; the main environment never imports
+# vLLM): a complete lock installed without dependency resolution (see requirements-vllm.txt for why
+# torchvision/torchaudio/torchcodec are left out). ≈ 3 min and 3.5 GB once; re-running is a no-op.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+$(VLLM_STAMP): requirements-vllm.txt
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps -r requirements-vllm.txt
+	touch $(VLLM_STAMP)
+
+vllm: $(VLLM_STAMP)
 
 # Tests, doctests and the notebooks under nbval (--nbval-lax: every cell must run without error and
 # every assert cell must hold; SPECDEC_LAB_SCALE=ci).

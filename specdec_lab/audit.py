@@ -63,6 +63,9 @@ def implementation_label(described: dict) -> str:
     if described.get("sampler") == "hf_generate":
         k = f" K={described['k']}" if "k" in described else ""
         return f"HF transformers {described['transformers_version']} {described['mode']}{k}"
+    if described.get("sampler") == "vllm_offline":
+        k = f" K={described['k']}" if "k" in described else ""
+        return f"vLLM {described['vllm_version']} offline, {described['method']}{k}"
     if described.get("sampler") == "endpoint":
         server = described.get("server") or "OpenAI-compatible server"
         return f"{server} `{described['model']}`"
@@ -93,6 +96,8 @@ class AuditResult:
 
         stats = self.samples.meta.get("stats") or {}
         per_pass = stats["emitted_tokens"] / stats["target_passes"] if stats.get("target_passes") else np.nan
+        if stats.get("draft_steps"):  # vLLM's own counters: mean acceptance length per verification pass
+            per_pass = 1 + stats["accepted_tokens"] / stats["draft_steps"]
         s = self.suite
         return {"implementation": self.name, "settings": settings, "expected": self.expected,
                 "L": self.samples.meta["length"], "m": s.m, "TV plug-in": s.tv_plugin,
@@ -253,6 +258,20 @@ def add_audit_parser(sub) -> None:
     _pair_and_common_args(ep, samples=3000, length=2)
     ep.set_defaults(func=cmd_audit)
 
+    from specdec_lab.adapters.vllm import METHODS as VLLM_METHODS
+
+    vl = kinds.add_parser("vllm", help="vLLM (CPU build in .venv-vllm): offline LLM.generate or vllm serve")
+    vl.add_argument("--method", default="draft_model", choices=list(VLLM_METHODS))
+    vl.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    path = vl.add_mutually_exclusive_group()
+    path.add_argument("--offline", dest="serve", action="store_false", help="vllm.LLM.generate in a worker (default)")
+    path.add_argument("--serve", dest="serve", action="store_true", help="vllm serve on loopback, via the endpoint adapter")
+    vl.add_argument("--head", default=None, help="Medusa/EAGLE head directory in vLLM's layout")
+    vl.add_argument("--n-per-request", type=int, default=8, help="vLLM's n (completions per request)")
+    vl.add_argument("--concurrency", type=int, default=4, help="requests in flight (--serve)")
+    _pair_and_common_args(vl, samples=20000, length=6)
+    vl.set_defaults(func=cmd_audit, serve=False)
+
 
 def _pair_and_common_args(parser, samples: int, length: int) -> None:
     parser.add_argument("--target", help="Hugging Face id or local path of the target (default: bundled)")
@@ -278,6 +297,11 @@ def _sampler_from_args(args, sampling: SamplingConfig):
     from specdec_lab.adapters.endpoint import LLAMA_CPP_NEUTRAL, LLAMA_SERVER_NEUTRAL, EndpointConfig
     from specdec_lab.adapters.hf import HFGenerateConfig
 
+    if args.kind == "vllm" and not args.serve:
+        from specdec_lab.adapters.vllm import VllmOfflineConfig
+
+        return VllmOfflineConfig(method=args.method, sampling=sampling, k=args.k, draft=args.head,
+                                 n_per_request=args.n_per_request, progress=not args.quiet)
     if args.kind == "hf":
         return HFGenerateConfig(mode=args.mode, sampling=sampling, k=args.k, schedule=args.schedule,
                                 confidence_threshold=args.confidence_threshold, progress=not args.quiet)
@@ -295,8 +319,14 @@ def _sampler_from_args(args, sampling: SamplingConfig):
 def cmd_audit(args) -> int:
     """Run one audit from the command line; exit 0 when the verdict is the expected one."""
     from specdec_lab.adapters import llamacpp
+    from specdec_lab.adapters import vllm as vllm_adapter
     from specdec_lab.cli import _load
 
+    if args.kind == "vllm" and args.method != "none" and args.length < args.k + 2:
+        raise SystemExit(f"error: --length {args.length} < K + 2 = {args.k + 2}: vLLM samples the first token with the "
+                         "target alone, so a shorter window never sees a full verification step")
+    if args.kind == "vllm" and args.temperature == 0:
+        return _greedy_vllm(args)
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     scored_at = None if args.scored_temperature is None else \
         SamplingConfig(temperature=args.scored_temperature, top_k=args.top_k, top_p=args.top_p)
@@ -310,13 +340,20 @@ def cmd_audit(args) -> int:
                 args.server_label = args.server_label or llamacpp.server_label(args.model)
             if not args.base_url or not args.model:
                 raise ValueError("give --base-url and --model, or --serve-bundled")
-        sampler = _sampler_from_args(args, sampling)
+        if args.kind == "vllm" and args.serve:
+            server = stack.enter_context(vllm_adapter.served(args.method, args.k, args.head))
+            sampler = vllm_adapter.endpoint_config(server, sampling, args.method, args.k, args.n_per_request,
+                                                   args.concurrency, progress=not args.quiet)
+        else:
+            sampler = _sampler_from_args(args, sampling)
         out = args.out or Path("reports") / "audit" / f"{args.kind}-{time.strftime('%Y%m%d-%H%M%S')}.parquet"
         out.parent.mkdir(parents=True, exist_ok=True)
         pair = _load(args)
         result = audit(pair, sampler, args.samples, args.length, out, prompt=args.prompt, seed=args.seed,
                        scored_at=scored_at, expected=expected, settings=SuiteSettings(tolerance=args.tolerance),
                        progress=not args.quiet)
+        if args.kind == "vllm":
+            vllm_adapter.close_workers()
     row = result.summary()
     columns = ["implementation", "settings", "L", "m", "TV plug-in", "TV upper 99%", "Holm p", "tokens/pass",
                "refused", "verdict"]
@@ -327,3 +364,18 @@ def cmd_audit(args) -> int:
         print(pd.DataFrame([row])[columns].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     print(f"\n{row['implementation']}: {row['in words']}\nsamples: {out}")
     return 0 if row["correct call"] else 1
+
+
+def _greedy_vllm(args) -> int:
+    """T = 0: vLLM's speculative greedy output must equal its own non-speculative greedy output, token for token."""
+    from specdec_lab.adapters import vllm as vllm_adapter
+    from specdec_lab.cli import _load
+
+    pair = _load(args)
+    check = vllm_adapter.greedy_check(args.method, pair.encode(args.prompt), args.length, args.k, args.head)
+    vllm_adapter.close_workers()
+    for name in ("reference", "speculative"):
+        print(f"{name:12s} {check[name]}")
+    verdict = "identical" if check["identical"] else f"DIFFERS from token {check['first_difference']}"
+    print(f"\nvLLM {vllm_adapter.VERSION} offline, {args.method} K={args.k}, greedy, L={args.length}: {verdict}")
+    return 0 if check["identical"] else 1

@@ -421,9 +421,63 @@ def job_latency(cfg: BenchConfig) -> dict:
     return {"tokens": L, "runs": out}
 
 
+def _vllm_throughput(cfg: BenchConfig, method: str) -> dict:
+    """vLLM's offline engine (``.venv-vllm`` worker): ``LLM.generate`` of cfg.samples samples in one job, n = 8
+    per request; timed inside the worker around ``LLM.generate`` only (engine start excluded, as our rows
+    exclude model loading). One warm-up job, then cfg.repeats timed ones."""
+    from specdec_lab.adapters import vllm
+
+    pair, prompt = _load(cfg)
+    config = vllm.VllmOfflineConfig(method, k=cfg.k, n_per_request=8, progress=False)
+    gen = _generator(cfg, pair.device)
+    runs = [vllm.sample_offline(prompt, cfg.samples, cfg.length, config, gen, chunk=cfg.samples)
+            for _ in range(cfg.repeats + 1)][1:]
+    vllm.close_workers()
+    seconds = [r.stats["engine_seconds"] for r in runs]
+    return {"samples": cfg.samples, "prompt_tokens": prompt.numel(), "seconds": spread(seconds),
+            "samples_per_s": spread([cfg.samples / s for s in seconds]), "stats": runs[-1].stats}
+
+
+def job_vllm_none(cfg: BenchConfig) -> dict:
+    """vLLM 0.32.0 (CPU build) offline, no speculation."""
+    return _vllm_throughput(cfg, "none")
+
+
+def job_vllm_draft_model(cfg: BenchConfig) -> dict:
+    """vLLM 0.32.0 (CPU build) offline with the bundled draft model, K = cfg.k (its output law is wrong on this
+    build at T > 0: docs/audit-vllm.md)."""
+    return _vllm_throughput(cfg, "draft_model")
+
+
 JOBS = {"baseline": job_baseline, "machine": job_machine, "naive": job_naive,
         "speculative": job_speculative, "speculative_trim": job_speculative_trim, "hf_generate": job_hf_generate, "hf_assisted": job_hf_assisted,
-        "work": job_work, "latency": job_latency}
+        "work": job_work, "latency": job_latency, "vllm_none": job_vllm_none,
+        "vllm_draft_model": job_vllm_draft_model}
+VLLM_ORDER = ("naive", "speculative", "vllm_none", "vllm_draft_model")
+
+
+def vllm_table(results: dict, cfg: BenchConfig) -> "pd.DataFrame":
+    """Our samplers against vLLM's offline engine on the same models, same machine, one run."""
+    names = {"naive": "ours: naive (batched)", "speculative": f"ours: speculative K={cfg.k} (batched)",
+             "vllm_none": "vLLM offline, no speculation", "vllm_draft_model": f"vLLM offline, draft model K={cfg.k}"}
+    base = results["vllm_none"]
+    return _frame([{"sampler": label, "samples": results[key]["samples"],
+                    "samples/s (median)": results[key]["samples_per_s"]["median"],
+                    "min–max": f"{results[key]['samples_per_s']['min']:.4g}–{results[key]['samples_per_s']['max']:.4g}",
+                    "× vLLM no speculation": _ratio(results[key], base),
+                    "peak RSS MiB (main process)": results[key]["peak_rss_mib"]}
+                   for key, label in names.items()])
+
+
+def run_vllm_benchmark(cfg: BenchConfig) -> str:
+    """The vLLM row: :data:`VLLM_ORDER`, each job in its own process; markdown table with the load average."""
+    load_before = _load_average()
+    results = {name: run_in_subprocess(name, cfg) for name in VLLM_ORDER}
+    from specdec_lab.report import to_markdown
+
+    table = to_markdown(vllm_table(results, cfg))
+    return (f"{table}\n\nL = {cfg.length}, prompt {cfg.prompt!r}, {cfg.samples} samples per repeat, {cfg.repeats} "
+            f"repeats, torch threads {cfg.threads}; load average before {load_before}, after {_load_average()}.")
 
 
 def run_job(name: str, cfg: BenchConfig) -> dict:
@@ -633,6 +687,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--samples", type=int, default=None, help="samples per throughput repeat")
     parser.add_argument("--out", default=None, help="output folder (default reports/bench/<timestamp>)")
+    parser.add_argument("--vllm", action="store_true", help="only the vLLM row: ours vs vLLM offline (needs make vllm)")
     parser.add_argument("--job", choices=sorted(JOBS), help=argparse.SUPPRESS)  # child process
     parser.add_argument("--settings", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -646,6 +701,9 @@ def main(argv: list[str] | None = None) -> int:
                                                ("repeats", args.repeats), ("samples", args.samples))
                  if value is not None}
     cfg = replace(cfg, **overrides)
+    if args.vllm:
+        print(run_vllm_benchmark(cfg))
+        return 0
     _, markdown = run_benchmark(cfg, args.out)
     print(markdown)
     return 0

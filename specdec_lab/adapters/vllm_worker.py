@@ -1,0 +1,199 @@
+"""vLLM's offline engine as a worker process: runs inside ``.venv-vllm``, imports only vLLM and the stdlib.
+
+Started by :mod:`specdec_lab.adapters.vllm` as ``.venv-vllm/bin/python -P vllm_worker.py ENGINE_JSON``
+(by file path, so it never imports ``specdec_lab`` and its pins; ``-P`` keeps this folder, whose
+``vllm.py`` is the adapter, off ``sys.path``). ``ENGINE_JSON`` holds the keyword
+arguments of ``vllm.LLM`` (model, speculative_config, seed, dtype, ...). The worker builds one
+engine, then answers jobs: one JSON line per job on stdin, one JSON line per reply on its reply
+channel (the stdout it was started with; vLLM's own prints and logs are sent to stderr).
+
+Job: ``{"prompt_ids": [...], "seeds": [...], "n_per_request": n, "length": L, "temperature": T,
+"top_p": P, "top_k": K}``: one request per seed, each with ``n`` completions of exactly L tokens
+(``min_tokens = max_tokens = L``, ``ignore_eos``), all submitted at once (``LLM.generate`` batches
+them, which keeps the engine saturated). Reply: ``{"tokens": [[...] × n per seed, in seed order],
+"metrics": {vLLM's spec-decode counters over this job}}``, or ``{"error": "..."}``.
+
+Seeds: vLLM gives the i-th of the n completions of a request with seed s the seed s + i
+(``vllm/v1/engine/parallel_sampling.py``, ``ParentRequest._get_child_sampling_params``), and each
+seeded request its own ``torch.Generator`` (``gpu_model_runner.py``: ``generator.manual_seed``).
+The caller therefore sends seeds on a lattice of step n, so the blocks [s, s + n) never overlap.
+"""
+
+import json
+import os
+import sys
+import time
+
+SPEC_COUNTERS = {"vllm:spec_decode_num_drafts": "draft_steps",
+                 "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+                 "vllm:spec_decode_num_accepted_tokens": "accepted_tokens"}
+
+
+def spec_counters(llm) -> dict:
+    """vLLM's own spec-decode counters (cumulative), by our names; zeros without speculation."""
+    totals = dict.fromkeys(SPEC_COUNTERS.values(), 0)
+    for metric in llm.get_metrics():
+        if metric.name in SPEC_COUNTERS and hasattr(metric, "value"):
+            totals[SPEC_COUNTERS[metric.name]] += int(metric.value)
+    return totals
+
+
+def run_job(llm, job: dict) -> dict:
+    from vllm import SamplingParams
+
+    n, length = job["n_per_request"], job["length"]
+    requests, params = [], []
+    for seed in job["seeds"]:
+        requests.append({"prompt_token_ids": job["prompt_ids"]})
+        params.append(SamplingParams(n=n, seed=seed, max_tokens=length, min_tokens=length, ignore_eos=True,
+                                     temperature=job["temperature"], top_p=job["top_p"], top_k=job["top_k"] or 0,
+                                     detokenize=False))
+    before = spec_counters(llm)
+    started = time.monotonic()
+    outputs = llm.generate(requests, params, use_tqdm=False)
+    seconds = time.monotonic() - started
+    after = spec_counters(llm)
+    tokens = []
+    for output in outputs:  # LLM.generate returns outputs in request order
+        completions = sorted(output.outputs, key=lambda c: c.index)
+        if len(completions) != n:
+            return {"error": f"request {output.request_id} returned {len(completions)} completions, asked {n}"}
+        tokens += [list(c.token_ids) for c in completions]
+    metrics = {key: after[key] - before[key] for key in after}
+    metrics.update(requests=len(requests), engine_seconds=seconds)
+    return {"tokens": tokens, "metrics": metrics}
+
+
+def parse_command(argv: list) -> dict:
+    """Parse one command line with vLLM's own CLI parser: ``vllm serve ...`` through the ``serve``
+    subcommand's parser, then ``EngineArgs.from_cli_args``; ``python -m vllm.entrypoints.openai.api_server
+    ...`` (the pre-2025 entry point) through the same argument set. Returns the parsed engine
+    settings, or vLLM's own error message."""
+    import argparse
+    import contextlib
+    import io
+
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    if argv[:2] == ["vllm", "serve"]:
+        parser = FlexibleArgumentParser(prog="vllm")
+        ServeSubcommand().subparser_init(parser.add_subparsers(dest="subcommand"))
+        args_in = argv[1:]
+    elif argv[:3] == ["python", "-m", "vllm.entrypoints.openai.api_server"]:
+        parser = make_arg_parser(FlexibleArgumentParser(prog="api_server"))
+        args_in = argv[3:]
+    else:
+        return {"error": f"not a vLLM command: {argv[:3]}"}
+    errors = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(errors):
+            args = parser.parse_args(args_in)
+    except SystemExit:
+        return {"error": errors.getvalue().strip().splitlines()[-1] if errors.getvalue() else "parser exited"}
+    model = getattr(args, "model_tag", None) or args.model
+    engine = EngineArgs.from_cli_args(argparse.Namespace(**{**vars(args), "model": model}))
+    return {"model": engine.model, "tensor_parallel_size": engine.tensor_parallel_size,
+            "gpu_memory_utilization": engine.gpu_memory_utilization, "max_model_len": engine.max_model_len,
+            "speculative_config": engine.speculative_config}
+
+
+def cpu_kernels():
+    """Register the C++ kernels the CPU engine uses in place of vLLM's Triton kernels (as the engine does)."""
+    import vllm._custom_ops  # noqa: F401  (loads torch.ops._C)
+    from vllm.platforms import current_platform
+
+    current_platform.register_triton_kernel_overrides()
+
+
+def expand_check() -> dict:
+    """Minimal reproduction of the finding: ``expand_batch_to_tokens`` (rejection_sampler.py) with the CPU
+    kernel, on per-request temperatures [1.0, 0.7] with 2 draft tokens each."""
+    import torch
+
+    cpu_kernels()
+    from vllm.v1.sample.rejection_sampler import expand_batch_to_tokens
+
+    got = expand_batch_to_tokens(torch.tensor([1.0, 0.7]), torch.tensor([2, 4], dtype=torch.int32), 4,
+                                 replace_from=0, replace_to=1)
+    return {"expected": [1.0, 1.0, 0.7, 0.7], "got": [float(v) for v in got]}
+
+
+def sampler_check(job: dict) -> dict:
+    """vLLM's rejection sampler (``RejectionSampler.forward``'s two steps: ``apply_sampling_constraints``,
+    then ``rejection_sample``) on exact laws: B requests, each with K drafts from q (``draft_probs`` given,
+    vLLM's probabilistic drafting) or the argmax of q (``draft_probs`` None, its default greedy drafting),
+    every position with the same target logits. Returns per-position counts of the emitted tokens."""
+    import torch
+
+    cpu_kernels()
+    from vllm.v1.sample import rejection_sampler as rs
+    from vllm.v1.sample.logits_processor import LogitsProcessors
+    from vllm.v1.sample.metadata import SamplingMetadata
+
+    B, K = job["requests"], job["k"]
+    logits, logq = torch.tensor(job["target_logits"]), torch.tensor(job["draft_logprobs"])  # (V,), (V,)
+    V = logits.numel()
+    generator = torch.Generator().manual_seed(2 * job["seed"] + 1)  # drafts and bonus tokens
+    torch.manual_seed(2 * job["seed"])  # vLLM's own draws (unseeded requests use the global generator)
+    if job["greedy_draft"]:
+        draft, draft_probs = torch.full((B * K,), int(logq.argmax()), dtype=torch.int32), None
+    else:
+        q = logq.exp()
+        draft = torch.multinomial(q, B * K, replacement=True, generator=generator).to(torch.int32)
+        draft_probs = q.expand(B * K, V).contiguous()
+    meta = SamplingMetadata(
+        temperature=torch.full((B,), job["temperature"]), all_greedy=False, all_random=True, top_p=None,
+        top_k=None, generators={}, max_num_logprobs=None, no_penalties=True, prompt_token_ids=None,
+        frequency_penalties=torch.zeros(B), presence_penalties=torch.zeros(B), repetition_penalties=torch.ones(B),
+        output_token_ids=[[] for _ in range(B)], allowed_token_ids_mask=None, bad_words_token_ids={},
+        logitsprocs=LogitsProcessors())
+    cu = torch.arange(1, B + 1, dtype=torch.int32) * K
+    target = logits.expand(B * K, V).contiguous().clone()
+    if job["constraints"]:
+        target = rs.apply_sampling_constraints(target, cu, meta)
+    bonus = torch.multinomial(torch.softmax(logits / job["temperature"], -1), B, replacement=True,
+                              generator=generator)[:, None]
+    out = rs.rejection_sample(draft, [K] * B, K, cu, draft_probs, target, bonus, meta)  # (B, K + 1)
+    counts = [torch.bincount(out[:, j][out[:, j] >= 0].long(), minlength=V).tolist() for j in range(K + 1)]
+    return {"counts": counts}
+
+
+def main() -> int:
+    reply = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # everything vLLM prints goes to stderr; the reply channel carries only JSON lines
+    if sys.argv[1] == "--expand-check":
+        reply.write(json.dumps(expand_check()) + "\n")
+        return 0
+    if sys.argv[1] == "--sampler-check":  # stdin: one job
+        reply.write(json.dumps(sampler_check(json.loads(sys.stdin.read()))) + "\n")
+        return 0
+    if sys.argv[1] == "--parse":  # argv[2]: JSON list of command lines (each a list of arguments)
+        reply.write(json.dumps([parse_command(argv) for argv in json.loads(sys.argv[2])]) + "\n")
+        return 0
+    engine = json.loads(sys.argv[1])
+    try:
+        import vllm
+        from vllm import LLM
+
+        llm = LLM(**engine)
+    except Exception as exc:  # report vLLM's own refusal, then exit non-zero
+        reply.write(json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n")
+        return 2
+    reply.write(json.dumps({"ready": True, "vllm_version": vllm.__version__}) + "\n")
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            answer = run_job(llm, json.loads(line))
+        except Exception as exc:
+            answer = {"error": f"{type(exc).__name__}: {exc}"}
+        reply.write(json.dumps(answer) + "\n")
+    reply.flush()
+    os._exit(0)  # stdin closed: leave without vLLM's engine shutdown, which can hang in a worker
+
+
+if __name__ == "__main__":
+    sys.exit(main())

