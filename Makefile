@@ -55,8 +55,12 @@ vllm: $(VLLM_STAMP)
 # every assert cell must hold; SPECDEC_LAB_SCALE=ci).
 # pytest exits 5 when it collected no tests, so `make test` fails loudly if nothing ran.
 NOTEBOOKS := $(wildcard notebooks/*.ipynb)
-test: $(STAMP) $(AUDIT_STAMP) llama-cpp
-	$(BIN)/python -m pytest -q --strict-markers tests specdec_lab $(if $(NOTEBOOKS),--nbval-lax $(NOTEBOOKS)) $(PYTEST_ARGS)
+# The vLLM tests and notebook 07 run a real vLLM engine from $(VLLM_VENV) (.ci/run points VLLM_VENV at its
+# per-machine cache). --durations: the slowest tests, so a suite that grows shows where.
+test: $(STAMP) $(AUDIT_STAMP) llama-cpp $(VLLM_STAMP)
+	SPECDEC_LAB_VLLM_PYTHON="$${SPECDEC_LAB_VLLM_PYTHON:-$(abspath $(VLLM_VENV))/bin/python}" \
+		$(BIN)/python -m pytest -q --strict-markers --durations=25 tests specdec_lab \
+		$(if $(NOTEBOOKS),--nbval-lax $(NOTEBOOKS)) $(PYTEST_ARGS)
 
 # The notebooks at full scale, executed top to bottom into HTML (about 15 min on 2 CPU cores).
 notebooks: $(STAMP)

@@ -198,9 +198,8 @@ def exact_rule_table(pair, prompt_ids: torch.Tensor, runs: list[tuple[str, objec
     logits_at = cached_logits_at(pair, prompt_ids)
     rows = []
     for name, sampler, lossless in runs:
-        sampler = getattr(sampler, "base", sampler)  # overlapping streams: each draw follows its base's law
         if not isinstance(sampler, SpeculativeConfig):
-            continue
+            continue  # incl. overlapping streams: its fault is dependence between draws, which no one-draw law shows
         law = exact.sequence_law(logits_at, pair.vocab_size, sampler.k, length, sampler.sampling,
                                  sampler.verifier)
         rows.append({"rule": name, "lossless": lossless, "k": sampler.k, **sampler.sampling.describe(),

@@ -318,7 +318,7 @@ def selected_notebooks(request) -> list[str]:
     """The notebooks whose tests were collected (all of them unless ``-k`` picks some)."""
     names = set()
     for item in request.session.items:
-        if item.module is sys.modules[__name__]:
+        if getattr(item, "module", None) is sys.modules[__name__]:  # doctest items have no module
             params = getattr(item, "callspec", None)
             names.add(params.params["name"] if params and "name" in params.params else CALIBRATOR)
     # 06 first (its page stays open for the calibrator test), then the longest, so it does not run alone at the end
