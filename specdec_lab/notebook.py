@@ -484,11 +484,12 @@ def faulty_table() -> pd.DataFrame:
 def run_controls(pair, prompt: str, n: int, length: int, seed: int, settings: SuiteSettings = SuiteSettings(),
                  k: int = 4) -> list[Check]:
     """Every negative control of :func:`specdec_lab.verify.samplers_to_run`, ``n`` samples each,
-    through the same suite a correct sampler gets; the exact TV over two tokens is attached."""
+    through the same suite a correct sampler gets; the exact TV over two tokens is attached (NaN for
+    a control whose one-draw law is right and whose fault is dependence between draws)."""
     runs = [r for r in samplers_to_run(VerifyOptions(k=k, length=length)) if not r[2]]
     tvs = exact_rule_table(pair, pair.encode(prompt), runs, length=2).set_index("rule")["exact TV"]
     folder = work_dir()
-    return [check_sampler(pair, name, sampler, False, prompt, n, length, seed + i, settings, folder, float(tvs[name]))
+    return [check_sampler(pair, name, sampler, False, prompt, n, length, seed + i, settings, folder, float(tvs.get(name, np.nan)))
             for i, (name, sampler, _) in enumerate(runs)]
 
 
