@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from specdec_lab.models import sha256_file
 from specdec_lab.samplers.medusa import MEDUSA_SUBDIR, MedusaHeads, save_heads
-from specdec_lab.train import TrainSettings, encode, fetch_corpus, fit
+from specdec_lab.train import TrainSettings, add_to_manifest, encode, fetch_corpus, fit
 
 
 @dataclass(frozen=True)
@@ -91,18 +91,6 @@ def head_accuracy(target, heads: MedusaHeads, stream: torch.Tensor, settings: Me
             for k in range(heads.config.num_heads)}
 
 
-def update_manifest(out: Path, entry: dict) -> None:
-    """Add the heads' files and the "medusa" entry; every existing entry stays byte-for-byte."""
-    path = out / "manifest.json"
-    manifest = json.loads(path.read_text())
-    files = dict(manifest["files"])
-    for name in ("config.json", "heads.safetensors"):
-        files[f"{MEDUSA_SUBDIR}/{name}"] = sha256_file(out / MEDUSA_SUBDIR / name)
-    manifest["files"] = dict(sorted(files.items()))
-    manifest["medusa"] = entry
-    path.write_text(json.dumps(manifest, indent=2) + "\n")
-
-
 def main(argv: list[str] | None = None) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -150,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
         "torch": torch.__version__,
         "train_seconds": round(time.time() - began),
     }
-    update_manifest(args.out, entry)
+    add_to_manifest(args.out, MEDUSA_SUBDIR, ("config.json", "heads.safetensors"), entry)
     print(json.dumps(entry, indent=2))
 
 

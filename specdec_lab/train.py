@@ -244,6 +244,19 @@ def file_hashes(out: Path) -> dict:
             if p.is_file() and p.name != "manifest.json"}
 
 
+def add_to_manifest(out: Path, subdir: str, names: tuple[str, ...], entry: dict) -> None:
+    """Add the files ``subdir/names`` (sha256) and ``entry`` under the key ``subdir`` to ``manifest.json``;
+    every other entry stays as it was (used by the Medusa and EAGLE head trainers)."""
+    path = out / "manifest.json"
+    manifest = json.loads(path.read_text())
+    files = dict(manifest["files"])
+    for name in names:
+        files[f"{subdir}/{name}"] = sha256_file(out / subdir / name)
+    manifest["files"] = dict(sorted(files.items()))
+    manifest[subdir] = entry
+    path.write_text(json.dumps(manifest, indent=2) + "\n")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("data/models"))

@@ -11,7 +11,8 @@ What is checked, each against the real engine:
   overlap (a negative control for independence) and passes the adapter's samples;
 - the plain row (no speculation, T = 1) is not rejected and a negative control through the same path
   (asked for T = 0.7, scored at T = 1) is rejected; the `vllm serve` path maps tokens exactly;
-- greedy speculative output equals vLLM's non-speculative greedy output token for token;
+- greedy speculative output equals vLLM's non-speculative greedy output token for token (draft model;
+  the bundled EAGLE head, whose drafts must also be accepted: it loads in vLLM's layout and proposes);
 - the finding: the CPU build's `expand_batch_to_tokens` returns uninitialised memory for float
   inputs (per-token temperatures), which is why its speculative rows are rejected (docs/audit-vllm.md).
 
@@ -129,6 +130,17 @@ def test_serve_path_through_the_endpoint_adapter(pair, tmp_path):
 def test_speculative_greedy_equals_reference_greedy(pair):
     check = vllm_adapter.greedy_check("draft_model", pair.encode("ROMEO:\n"), 16)
     assert check["identical"], check
+
+
+def test_eagle_head_drafts_and_greedy_equals_reference_greedy(pair):
+    """The bundled EAGLE head loads in vLLM's EagleLlamaForCausalLM (embedding and lm_head shared with the
+    target), its drafts are accepted, and greedy output is the target's own greedy output."""
+    prompt = pair.encode("ROMEO:\n")
+    reference = vllm_adapter.greedy_tokens("none", prompt, 16)
+    reply = vllm_adapter.worker(vllm_adapter.engine_kwargs("eagle")).ask(
+        vllm_adapter.job(prompt, [0], 1, 16, SamplingConfig(temperature=0.0)))
+    assert reply["tokens"][0] == reference
+    assert reply["metrics"]["draft_tokens"] > 0 and reply["metrics"]["accepted_tokens"] > 0, reply["metrics"]
 
 
 def test_finding_cpu_expand_kernel_returns_uninitialised_floats():

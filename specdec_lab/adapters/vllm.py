@@ -61,13 +61,14 @@ METHODS = {
     "ngram": "prompt lookup: n-gram matches in the context, no model (prompt_lookup_min 1, max 4)",
     "suffix": "suffix decoding (a suffix tree over the prompt and earlier outputs)",
     "medusa": "Medusa heads (the bundled heads converted to vLLM's layout by convert_medusa)",
-    "eagle": "an EAGLE head for the bundled target",
+    "eagle": "the bundled EAGLE-1 head (data/models/eagle, trained by specdec_lab.eagle_train in vLLM's layout)",
 }
 # Engine settings for this audit on a CPU: fp32 like the local scorer, no CUDA-graph capture, the
 # model's generation_config ignored (vLLM would otherwise take sampling defaults from it), a small
 # KV-cache share of RAM (the CPU backend reserves gpu_memory_utilization × RAM), stats on (the
 # spec-decode counters).
 MEDUSA_DIR = Path(tempfile.gettempdir()) / "specdec-lab-vllm-medusa"  # the bundled heads, converted on use
+EAGLE_DIR = BUNDLED_DIR / "eagle"  # already in vLLM's EagleLlamaForCausalLM layout
 MAX_MODEL_LEN = 512
 MEMORY_SHARE = 0.05
 AUDIT_FLAGS = ["--dtype", "float32", "--enforce-eager", "--generation-config", "vllm", "--seed", "0"]
@@ -100,7 +101,7 @@ def serving_config(method: str, k: int = 4, target: Path = BUNDLED_DIR / "target
     if method == "medusa" and draft is None:
         draft = convert_medusa(MEDUSA_DIR)
     if method == "eagle" and draft is None:
-        raise ValueError(f"method {method!r} needs a head checkpoint in vLLM's layout (draft=<dir>)")
+        draft = EAGLE_DIR
     if method == "suffix":
         raise ValueError("suffix decoding is not in specdec_lab.serving's methods")
     return ServingConfig(str(target), method=method, draft=None if draft is None else str(draft), k=k,
@@ -253,7 +254,8 @@ class VllmOfflineConfig:
     """Settings of one offline vLLM audit (``vllm.LLM.generate`` in a ``.venv-vllm`` worker).
 
     method: one of :data:`METHODS`; k: ``num_speculative_tokens``.
-    draft: head checkpoint in vLLM's layout for ``medusa`` / ``eagle`` (the draft model is the bundled one).
+    draft: head checkpoint in vLLM's layout for ``medusa`` / ``eagle`` (default: the bundled heads; the draft
+    model is the bundled one).
     sampling: temperature / top-k / top-p asked of vLLM (and, by default, the law scored).
     n_per_request: completions per request (vLLM's ``n``); requests per job: all of a batch, at once.
     """
