@@ -449,17 +449,23 @@ def job_vllm_draft_model(cfg: BenchConfig) -> dict:
     return _vllm_throughput(cfg, "draft_model")
 
 
+def job_vllm_eagle(cfg: BenchConfig) -> dict:
+    """vLLM 0.32.0 (CPU build) offline with the bundled EAGLE head, K = cfg.k (same caveat as the draft model)."""
+    return _vllm_throughput(cfg, "eagle")
+
+
 JOBS = {"baseline": job_baseline, "machine": job_machine, "naive": job_naive,
         "speculative": job_speculative, "speculative_trim": job_speculative_trim, "hf_generate": job_hf_generate, "hf_assisted": job_hf_assisted,
         "work": job_work, "latency": job_latency, "vllm_none": job_vllm_none,
-        "vllm_draft_model": job_vllm_draft_model}
-VLLM_ORDER = ("naive", "speculative", "vllm_none", "vllm_draft_model")
+        "vllm_draft_model": job_vllm_draft_model, "vllm_eagle": job_vllm_eagle}
+VLLM_ORDER = ("naive", "speculative", "vllm_none", "vllm_draft_model", "vllm_eagle")
 
 
 def vllm_table(results: dict, cfg: BenchConfig) -> "pd.DataFrame":
     """Our samplers against vLLM's offline engine on the same models, same machine, one run."""
     names = {"naive": "ours: naive (batched)", "speculative": f"ours: speculative K={cfg.k} (batched)",
-             "vllm_none": "vLLM offline, no speculation", "vllm_draft_model": f"vLLM offline, draft model K={cfg.k}"}
+             "vllm_none": "vLLM offline, no speculation", "vllm_draft_model": f"vLLM offline, draft model K={cfg.k}",
+             "vllm_eagle": f"vLLM offline, EAGLE head K={cfg.k}"}
     base = results["vllm_none"]
     return _frame([{"sampler": label, "samples": results[key]["samples"],
                     "samples/s (median)": results[key]["samples_per_s"]["median"],

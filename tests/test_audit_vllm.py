@@ -7,8 +7,9 @@ What is checked, each against the real engine:
 - every command `specdec_lab.serving` emits for vLLM parses with vLLM's own serve parser and
   EngineArgs (the --speculative-config JSON comes back as sent); the legacy flags are refused;
 - vLLM's seed rule for the n completions of a request (seed s → completions with seeds s .. s+n-1),
-  which the adapter's seed lattice relies on; the duplicate check catches requests whose seed blocks
-  overlap (a negative control for independence) and passes the adapter's samples;
+  which the adapter's seed lattice relies on; the library's collision test (`stats.collision_test`, exact
+  null) catches requests whose seed blocks overlap (a negative control for independence) and passes the
+  adapter's samples (the suite runs it on every audit);
 - the plain row (no speculation, T = 1) is not rejected and a negative control through the same path
   (asked for T = 0.7, scored at T = 1) is rejected; the `vllm serve` path maps tokens exactly;
 - greedy speculative output equals vLLM's non-speculative greedy output token for token (draft model;
@@ -34,7 +35,8 @@ from specdec_lab.adapters import vllm as vllm_adapter
 from specdec_lab.audit import audit
 from specdec_lab.sampling import SamplingConfig
 from specdec_lab.serving import ServingConfig, vllm_argv, vllm_legacy_command
-from specdec_lab.suite import SuiteSettings, score
+from specdec_lab import stats
+from specdec_lab.suite import COLLISIONS, SuiteSettings, pair_law
 
 SETTINGS = SuiteSettings(alpha=1e-3)
 L = 6  # ≥ K + 2 for K = 4
@@ -89,13 +91,16 @@ def test_seed_rule_of_n_completions(prompt):
     assert ask([1000, 1004], 4) == ask(list(range(1000, 1008)), 1)
 
 
-def test_duplicate_check_catches_overlapping_seed_blocks(pair, prompt):
-    """Negative control for independence: requests with seeds one apart and n = 8 share 7 streams."""
+def test_collision_test_catches_overlapping_seed_blocks(pair, prompt):
+    """Negative control for independence: requests with seeds one apart and n = 8 share 7 streams, so the
+    library's collision test (first two tokens, exact null) must see the excess of colliding pairs."""
     engine = vllm_adapter.worker(vllm_adapter.engine_kwargs("none"))
     tokens = np.array(engine.ask(vllm_adapter.job(prompt, list(range(5000, 5100)), 8, L, SamplingConfig()))["tokens"])
-    p_x = score(pair, prompt, tokens, SamplingConfig()).p_x
-    check = vllm_adapter.duplicate_check(tokens, p_x)
-    assert check["duplicate_pairs"] > 100 and check["pvalue"] < 1e-6, check
+    law = pair_law(pair, prompt, SamplingConfig())
+    V = pair.vocab_size
+    cells = np.bincount(stats.pair_cells(tokens[:, 0], tokens[:, 1], V), minlength=V * V)
+    result = stats.collision_test(cells, law, alternative="greater", n_resamples=999, rng=np.random.default_rng(0))
+    assert result.pvalue <= 1e-3, result
 
 
 def test_plain_row_not_rejected_and_samples_independent(pair, tmp_path):
@@ -103,10 +108,8 @@ def test_plain_row_not_rejected_and_samples_independent(pair, tmp_path):
                    tmp_path / "none.parquet", seed=1, settings=SETTINGS, progress=False)
     assert result.suite.verdict != "rejected", result.summary()
     assert result.summary()["implementation"] == f"vLLM {vllm_adapter.VERSION} offline, none"
-    tokens = result.samples.tokens()
-    p_x = score(pair, pair.encode("ROMEO:\n"), tokens, SamplingConfig()).p_x
-    check = vllm_adapter.duplicate_check(tokens, p_x)
-    assert check["pvalue"] > 1e-3, check
+    collisions = result.suite.tests[COLLISIONS]  # the suite's collision test on the first two tokens
+    assert collisions.pvalue > 1e-3, collisions
 
 
 def test_negative_control_through_the_same_path_is_rejected(pair, tmp_path):

@@ -22,7 +22,8 @@ whose seeds differ by less than n therefore share streams and return identical c
 request without a seed draws from the engine's global generator, seeded by ``--seed`` (default 0) at
 start, so a restarted engine repeats its samples. The adapter sends every request a seed on a
 lattice of step n (multiples of n, drawn from the collection's generator in [0, 2⁶³)), so the seed
-blocks of two requests never overlap; :func:`duplicate_check` then tests the collected samples.
+blocks of two requests never overlap; the audit's suite then tests the collected samples with the
+collision test (:func:`specdec_lab.stats.collision_test`, first two tokens, exact null).
 """
 
 from __future__ import annotations
@@ -419,24 +420,7 @@ def endpoint_config(server: VllmServer, sampling: SamplingConfig, method: str, k
                           min_tokens=True, timeout=120.0, max_rate=1000.0, progress=progress)
 
 
-# ---------------------------------------------------------------- independence of the samples
-
-
-def duplicate_check(tokens: np.ndarray, p_x: np.ndarray) -> dict:
-    """Exact duplicates among the m samples against what independent draws from p would give.
-
-    Under independence the number of pairs i < j with x_i = x_j has mean C(m, 2) Σ_x p(x)², and
-    Σ_x p(x)² = E_p[p(X)] is estimated without bias by the mean of p(x_i) over the samples (``p_x``:
-    per-token probabilities under p, (m, L)). The count is close to Poisson with that mean; the
-    p-value is its upper tail. Shared random streams (two requests with overlapping seed blocks)
-    produce duplicates far above the mean. A stand-in until ``specdec_lab.stats.collision_test``.
-    """
-    m = len(tokens)
-    _, counts = np.unique(np.asarray(tokens), axis=0, return_counts=True)
-    pairs = int((counts * (counts - 1) // 2).sum())
-    expected = m * (m - 1) / 2 * float(np.prod(p_x, axis=1).mean())
-    pvalue = float(scipy_stats.poisson.sf(pairs - 1, expected)) if pairs else 1.0
-    return {"m": m, "duplicate_pairs": pairs, "expected_pairs": expected, "pvalue": pvalue}
+# ---------------------------------------------------------------- the finding, reproduced
 
 
 def expand_check() -> dict:
