@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: verify test bench train train-medusa clean-venv notebooks lab browser llama-cpp vllm
+.PHONY: verify test bench train train-medusa train-eagle clean-venv notebooks lab browser llama-cpp vllm
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -82,15 +82,20 @@ lab: $(STAMP)
 browser: $(STAMP)
 	SPECDEC_LAB_SCREENSHOTS=reports/browser $(BIN)/python -m pytest -q tests/test_browser.py $(PYTEST_ARGS)
 
-# Target, draft, then the Medusa heads of the new target (train.py rewrites manifest.json; the heads'
-# step adds its entry back, so the manifest always describes the heads that match the target).
+# Target, draft, then the Medusa and EAGLE heads of the new target (train.py rewrites manifest.json; the
+# heads' steps add their entries back, so the manifest always describes the heads that match the target).
 train: $(STAMP)
 	$(BIN)/python -m specdec_lab.train --out data/models
 	$(BIN)/python -m specdec_lab.medusa_train --out data/models
+	$(BIN)/python -m specdec_lab.eagle_train --out data/models
 
 # Medusa heads for the bundled target (after `make train`; ≈ 10 min on 2 idle cores)
 train-medusa: $(STAMP)
 	$(BIN)/python -m specdec_lab.medusa_train --out data/models
+
+# The EAGLE head for the bundled target, in vLLM's layout (after `make train`; ≈ 25 min on 2 shared cores)
+train-eagle: $(STAMP)
+	$(BIN)/python -m specdec_lab.eagle_train --out data/models
 
 clean-venv:
 	rm -rf $(VENV)

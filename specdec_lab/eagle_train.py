@@ -138,6 +138,21 @@ def save_head(head: EagleHead, directory: Path, target_dir: Path) -> None:
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
+def load_head(directory: Path, target_config) -> EagleHead:
+    """A head written by :func:`save_head`, back in torch (every weight present, no stray names)."""
+    from safetensors.torch import load_file
+
+    head = EagleHead(target_config)
+    state = load_file(str(directory / "model.safetensors"))
+    head.fc.weight.data.copy_(state.pop("fc.weight"))
+    missing, unexpected = head.decoder.load_state_dict(state, strict=False)
+    layer_names = {n for n in head.decoder.state_dict() if n.startswith("layers.")}
+    if unexpected or layer_names & set(missing):
+        raise ValueError(f"{directory}: not an EAGLE head of this target (missing {sorted(layer_names & set(missing))}, "
+                         f"unexpected {sorted(unexpected)})")
+    return head.eval()
+
+
 def main(argv: list[str] | None = None) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
