@@ -24,18 +24,17 @@ be rejected with probability ≤ α = 1e-3 if vLLM sampled p exactly.
 
 import json
 import shlex
-import subprocess
 import warnings
 
 import numpy as np
 import pytest
 import torch
 
+from specdec_lab import stats
 from specdec_lab.adapters import vllm as vllm_adapter
 from specdec_lab.audit import audit
 from specdec_lab.sampling import SamplingConfig
 from specdec_lab.serving import ServingConfig, vllm_argv, vllm_legacy_command
-from specdec_lab import stats
 from specdec_lab.suite import COLLISIONS, SuiteSettings, pair_law
 
 SETTINGS = SuiteSettings(alpha=1e-3)
@@ -53,16 +52,16 @@ def stop_workers():
     vllm_adapter.close_workers()
 
 
-def parse(commands: list[list[str]]) -> list[dict]:
-    """Each command line through vLLM's own parser (in .venv-vllm)."""
-    done = subprocess.run([str(vllm_adapter.vllm_python()), "-P", str(vllm_adapter.WORKER), "--parse",
-                           json.dumps(commands)], capture_output=True, text=True, env=vllm_adapter.worker_env(),
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout)
+def test_seed_rule_of_n_completions(prompt):
+    """vLLM seeds completion i of a request with seed s as s + i (parallel_sampling.py)."""
+    engine = vllm_adapter.worker(vllm_adapter.engine_kwargs("none"))
+    ask = lambda seeds, n: engine.ask(vllm_adapter.job(prompt, seeds, n, L, SamplingConfig()))["tokens"]  # noqa: E731
+    assert ask([1000], 4) == ask([1000, 1001, 1002, 1003], 1)
+    assert ask([1000, 1004], 4) == ask(list(range(1000, 1008)), 1)
 
 
 def test_serving_commands_parse_with_vllms_own_parser():
+    """In the running engine worker (vLLM already imported there)."""
     from test_serving import EVERY_METHOD
 
     configs = EVERY_METHOD + [ServingConfig("gpt2", method="ngram", k=2)]
@@ -70,7 +69,7 @@ def test_serving_commands_parse_with_vllms_own_parser():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         legacy = [shlex.split(vllm_legacy_command(c).split("\n")[1]) for c in configs if c.method != "eagle3"]
-    parsed = parse(ours + legacy)
+    parsed = vllm_adapter.parse_commands(ours + legacy)
     for config, result in zip(configs, parsed):
         assert "error" not in result, (vllm_argv(config), result)
         assert result["model"] == config.target and result["tensor_parallel_size"] == config.tensor_parallel
@@ -81,14 +80,6 @@ def test_serving_commands_parse_with_vllms_own_parser():
     for result in parsed[len(ours):]:
         error = result.get("error", "")
         assert "unrecognized arguments" in error and "--speculative-model" in error, result
-
-
-def test_seed_rule_of_n_completions(prompt):
-    """vLLM seeds completion i of a request with seed s as s + i (parallel_sampling.py)."""
-    engine = vllm_adapter.worker(vllm_adapter.engine_kwargs("none"))
-    ask = lambda seeds, n: engine.ask(vllm_adapter.job(prompt, seeds, n, L, SamplingConfig()))["tokens"]  # noqa: E731
-    assert ask([1000], 4) == ask([1000, 1001, 1002, 1003], 1)
-    assert ask([1000, 1004], 4) == ask(list(range(1000, 1008)), 1)
 
 
 def test_collision_test_catches_overlapping_seed_blocks(pair, prompt):

@@ -170,10 +170,11 @@ def worker_env() -> dict:
 class Worker:
     """One ``vllm_worker.py`` process holding one engine; ``ask(job)`` → reply dict."""
 
-    def __init__(self, engine: dict, startup_timeout: float = 600.0) -> None:
-        self.engine = engine
+    def __init__(self, engine: dict | None, startup_timeout: float = 600.0) -> None:
+        self.engine = engine  # None: a tools worker (no engine)
         self.log = tempfile.NamedTemporaryFile(prefix="specdec-vllm-", suffix=".log", delete=False)
-        self.process = subprocess.Popen([str(vllm_python()), "-P", str(WORKER), json.dumps(engine)],
+        argv = [str(vllm_python()), "-P", str(WORKER), "--tools" if engine is None else json.dumps(engine)]
+        self.process = subprocess.Popen(argv,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
                                         text=True, env=worker_env(), cwd=REPO, start_new_session=True)
         ready = self._read(startup_timeout)
@@ -189,10 +190,10 @@ class Worker:
             raise VllmError(f"vLLM worker exited with {self.process.returncode}:\n{self.log_tail()}")
         return json.loads(line)
 
-    def ask(self, job: dict) -> dict:
+    def ask(self, job: dict, timeout: float = 60) -> dict:
         self.process.stdin.write(json.dumps(job) + "\n")
         self.process.stdin.flush()
-        reply = self._read(timeout=60)
+        reply = self._read(timeout)
         if "error" in reply:
             raise VllmError(f"vLLM failed the job: {reply['error']}")
         return reply
@@ -219,12 +220,27 @@ class Worker:
 _WORKERS: dict[str, Worker] = {}
 
 
-def worker(engine: dict) -> Worker:
-    """The running worker of this engine setting (started on first use)."""
+def worker(engine: dict | None) -> Worker:
+    """The running worker of this engine setting (started on first use; None: no engine)."""
     key = json.dumps(engine, sort_keys=True)
     if key not in _WORKERS or _WORKERS[key].process.poll() is not None:
         _WORKERS[key] = Worker(engine)
     return _WORKERS[key]
+
+
+def tools() -> Worker:
+    """A running worker to answer tool jobs (vLLM's parser, sampler pieces): any engine worker already
+    started (vLLM is imported there), else a worker without an engine."""
+    for running in _WORKERS.values():
+        if running.process.poll() is None:
+            return running
+    return worker(None)
+
+
+def parse_commands(commands: list[list[str]]) -> list[dict]:
+    """Each command line through vLLM's own serve parser and ``EngineArgs``: the engine settings it
+    gives, or vLLM's own error (:func:`~specdec_lab.adapters.vllm_worker.parse_command`)."""
+    return tools().ask({"tool": "parse", "commands": commands}, timeout=300)["parsed"]
 
 
 @atexit.register
@@ -426,11 +442,7 @@ def endpoint_config(server: VllmServer, sampling: SamplingConfig, method: str, k
 def expand_check() -> dict:
     """The finding's minimal reproduction, run in ``.venv-vllm``: vLLM's ``expand_batch_to_tokens`` with the CPU
     kernel, per-request temperatures [1.0, 0.7] → per-token values (expected [1.0, 1.0, 0.7, 0.7])."""
-    done = subprocess.run([str(vllm_python()), "-P", str(WORKER), "--expand-check"], capture_output=True,
-                          text=True, env=worker_env(), timeout=600)
-    if done.returncode != 0:
-        raise VllmError(f"expand check failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout)
+    return tools().ask({"tool": "expand_check"}, timeout=300)
 
 
 def sampler_check(pair, prompt: torch.Tensor, temperature: float = 1.0, k: int = 4, requests: int = 20000,
@@ -453,12 +465,9 @@ def sampler_check(pair, prompt: torch.Tensor, temperature: float = 1.0, k: int =
     job_ = {"requests": requests, "k": k, "target_logits": sent.tolist(), "draft_logprobs": logq.tolist(),
             "temperature": temperature if constraints else 1.0, "greedy_draft": greedy_draft,
             "constraints": constraints, "seed": seed}
-    done = subprocess.run([str(vllm_python()), "-P", str(WORKER), "--sampler-check"], input=json.dumps(job_),
-                          capture_output=True, text=True, env=worker_env(), timeout=600)
-    if done.returncode != 0:
-        raise VllmError(f"sampler check failed:\n{done.stderr[-3000:]}")
+    counts_per_position = tools().ask({"tool": "sampler_check", **job_}, timeout=600)["counts"]
     rows = []
-    for position, counts in enumerate(json.loads(done.stdout)["counts"]):
+    for position, counts in enumerate(counts_per_position):
         counts = np.asarray(counts, dtype=float)
         n = counts.sum()
         if n == 0:

@@ -3,15 +3,17 @@
 Started by :mod:`specdec_lab.adapters.vllm` as ``.venv-vllm/bin/python -P vllm_worker.py ENGINE_JSON``
 (by file path, so it never imports ``specdec_lab`` and its pins; ``-P`` keeps this folder, whose
 ``vllm.py`` is the adapter, off ``sys.path``). ``ENGINE_JSON`` holds the keyword
-arguments of ``vllm.LLM`` (model, speculative_config, seed, dtype, ...). The worker builds one
-engine, then answers jobs: one JSON line per job on stdin, one JSON line per reply on its reply
+arguments of ``vllm.LLM`` (model, speculative_config, seed, dtype, ...); ``--tools`` in its place starts
+a worker without an engine. The worker builds its engine, then answers jobs: one JSON line per job on stdin, one JSON line per reply on its reply
 channel (the stdout it was started with; vLLM's own prints and logs are sent to stderr).
 
 Job: ``{"prompt_ids": [...], "seeds": [...], "n_per_request": n, "length": L, "temperature": T,
 "top_p": P, "top_k": K}``: one request per seed, each with ``n`` completions of exactly L tokens
 (``min_tokens = max_tokens = L``, ``ignore_eos``), all submitted at once (``LLM.generate`` batches
 them, which keeps the engine saturated). Reply: ``{"tokens": [[...] × n per seed, in seed order],
-"metrics": {vLLM's spec-decode counters over this job}}``, or ``{"error": "..."}``.
+"metrics": {vLLM's spec-decode counters over this job}}``, or ``{"error": "..."}``. Any worker also
+answers tool jobs ``{"tool": "parse" | "expand_check" | "sampler_check", ...}`` (see ``TOOLS``), so
+they reuse a process that has already paid for importing vLLM.
 
 Seeds: vLLM gives the i-th of the n completions of a request with seed s the seed s + i
 (``vllm/v1/engine/parallel_sampling.py``, ``ParentRequest._get_child_sampling_params``), and each
@@ -161,38 +163,52 @@ def sampler_check(job: dict) -> dict:
     return {"counts": counts}
 
 
+TOOLS = {"parse": lambda job: {"parsed": [parse_command(argv) for argv in job["commands"]]},
+         "expand_check": lambda job: expand_check(),
+         "sampler_check": sampler_check}
+
+
+def answer(llm, job: dict) -> dict:
+    """A tool job (``{"tool": name, ...}``: vLLM's parser or sampler pieces, no engine needed) or a sampling job."""
+    if "tool" in job:
+        return TOOLS[job["tool"]](job)
+    if llm is None:
+        return {"error": "this worker holds no engine (started with --tools)"}
+    return run_job(llm, job)
+
+
 def main() -> int:
     reply = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # everything vLLM prints goes to stderr; the reply channel carries only JSON lines
-    if sys.argv[1] == "--expand-check":
-        reply.write(json.dumps(expand_check()) + "\n")
-        return 0
-    if sys.argv[1] == "--sampler-check":  # stdin: one job
-        reply.write(json.dumps(sampler_check(json.loads(sys.stdin.read()))) + "\n")
-        return 0
-    if sys.argv[1] == "--parse":  # argv[2]: JSON list of command lines (each a list of arguments)
-        reply.write(json.dumps([parse_command(argv) for argv in json.loads(sys.argv[2])]) + "\n")
-        return 0
-    engine = json.loads(sys.argv[1])
-    try:
-        import vllm
-        from vllm import LLM
+    llm = None
+    if sys.argv[1] != "--tools":
+        llm = start_engine(json.loads(sys.argv[1]), reply)
+        if llm is None:
+            return 2
+    import vllm
 
-        llm = LLM(**engine)
-    except Exception as exc:  # report vLLM's own refusal, then exit non-zero
-        reply.write(json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n")
-        return 2
     reply.write(json.dumps({"ready": True, "vllm_version": vllm.__version__}) + "\n")
     for line in sys.stdin:
         if not line.strip():
             continue
         try:
-            answer = run_job(llm, json.loads(line))
+            result = answer(llm, json.loads(line))
         except Exception as exc:
-            answer = {"error": f"{type(exc).__name__}: {exc}"}
-        reply.write(json.dumps(answer) + "\n")
+            result = {"error": f"{type(exc).__name__}: {exc}"}
+        reply.write(json.dumps(result) + "\n")
     reply.flush()
     os._exit(0)  # stdin closed: leave without vLLM's engine shutdown, which can hang in a worker
+
+
+def start_engine(engine: dict, reply):
+    """``vllm.LLM(**engine)``, or None after writing vLLM's own refusal to the reply channel."""
+    try:
+        from vllm import LLM
+
+        return LLM(**engine)
+    except Exception as exc:
+        reply.write(json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n")
+        return None
 
 
 if __name__ == "__main__":
