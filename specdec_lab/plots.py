@@ -71,6 +71,11 @@ def token_label(text: str) -> str:
     return text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥") or "∅"
 
 
+def token_strings(pair) -> list[str]:
+    """Every token of the pair's vocabulary as an axis label (:func:`token_label`)."""
+    return [token_label(pair.decode([i])) for i in range(pair.vocab_size)]
+
+
 def _token_axis(ax, order: np.ndarray, tokens, xlabel: str = "token, most likely under p first") -> None:
     """Tick labels of a token axis: the tokens' strings when given, else their rank under p."""
     x = np.arange(len(order))
@@ -219,7 +224,7 @@ def power_curves(frame: pd.DataFrame) -> Figure:
     """Simulated rejection rate vs sample size, against the predicted power curves.
 
     ``frame`` needs the columns ``alternative``, ``m``, ``simulated``, ``se``, ``noncentral χ²`` and
-    ``planner (worst case)`` (:func:`specdec_lab.notebook.power_curve`).
+    ``planner (worst case)`` (:func:`specdec_lab.experiments.negative_controls.power_curve`).
     """
     names = list(dict.fromkeys(frame["alternative"]))
     fig, axes = _grid(1, len(names), (4.7 * len(names), 4.6), sharey=True)
@@ -258,7 +263,7 @@ def roofline(hardware: dict[str, tuple[float, float]], points: pd.DataFrame) -> 
     with decoding steps at several batch sizes as points.
 
     ``hardware`` maps a name to (bandwidth bytes/s, peak FLOP/s); ``points`` needs the columns
-    ``hardware``, ``batch``, ``FLOP per byte`` and ``FLOP/s attained`` (:func:`specdec_lab.notebook.batch_sweep`).
+    ``hardware``, ``batch``, ``FLOP per byte`` and ``FLOP/s attained`` (:func:`specdec_lab.experiments.memory_wall.batch_sweep`).
     """
     fig, ax = _new((9, 5.5))
     intensity = np.logspace(-1, 4, 200)
@@ -286,7 +291,7 @@ def roofline(hardware: dict[str, tuple[float, float]], points: pd.DataFrame) -> 
 def batch_sweep(frame: pd.DataFrame) -> Figure:
     """Roofline tokens/s against batch size per accelerator (log-log); marker = what binds.
 
-    ``frame`` from :func:`specdec_lab.notebook.batch_sweep`.
+    ``frame`` from :func:`specdec_lab.experiments.memory_wall.batch_sweep`.
     """
     fig, ax = _new((9, 5))
     sns.lineplot(data=frame, x="batch", y="tokens/s ≤", hue="hardware", legend=False, ax=ax)
@@ -372,7 +377,7 @@ def tree(parents, ranks, labels=None, title: str = "") -> Figure:
 
 def typical_heatmap(grid: pd.DataFrame) -> Figure:
     """Exact TV of Medusa typical acceptance against p over ε (rows) and α (columns), one panel per
-    temperature. ``grid`` from :func:`specdec_lab.notebook.typical_tv_grid`."""
+    temperature. ``grid`` from :func:`specdec_lab.experiments.medusa_trees.typical_tv_grid`."""
     temperatures = sorted(grid["temperature"].unique())
     fig, axes = _grid(1, len(temperatures), (4.7 * len(temperatures), 4.4))
     for ax, temperature in zip(axes.flat, temperatures):
@@ -389,7 +394,7 @@ def typical_heatmap(grid: pd.DataFrame) -> Figure:
 
 def detection_power(power: pd.DataFrame, level: float = 0.9) -> Figure:
     """Power of the whole suite against each planted fault family, over the fault's exact TV on
-    the first two tokens (from :func:`specdec_lab.notebook.detection_power`), with the 0.9 line."""
+    the first two tokens (from :func:`specdec_lab.experiments.negative_controls.detection_power`), with the 0.9 line."""
     fig, ax = _new((8, 4))
     sns.lineplot(data=power, x="exact TV (2 tokens)", y="power", hue="family", marker="o", ax=ax)
     ax.axhline(level, color="black", linestyle="--", linewidth=1, label=f"power {level:g}")
