@@ -10,8 +10,8 @@ import pandas as pd
 
 from specdec_lab import report, stats
 from specdec_lab.collect import collect
-from specdec_lab.experiments.scale import default_device, setup, work_dir  # noqa: F401  (re-exported: the notebook's one import)
-from specdec_lab.plots import token_strings  # noqa: F401  (re-exported: the notebook's one import)
+from specdec_lab.experiments.scale import default_device, setup, work_dir  # noqa: F401 (for the notebook)
+from specdec_lab.plots import token_strings  # noqa: F401 (for the notebook)
 from specdec_lab.suite import Scores, SuiteResult, SuiteSettings, run_suite, score
 
 

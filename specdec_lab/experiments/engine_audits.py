@@ -7,9 +7,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from specdec_lab.exact import first_token_law  # noqa: F401  (re-exported: the notebook's one import)
-from specdec_lab.experiments.scale import default_device, setup, work_dir  # noqa: F401  (re-exported: the notebook's one import)
-from specdec_lab.plots import token_strings  # noqa: F401  (re-exported: the notebook's one import)
+from specdec_lab.exact import first_token_law  # noqa: F401 (for the notebook)
+from specdec_lab.experiments.scale import default_device, setup, work_dir  # noqa: F401 (for the notebook)
+from specdec_lab.plots import token_strings  # noqa: F401 (for the notebook)
 
 
 def audit_first_freqs(table: pd.DataFrame, vocab_size: int) -> dict[str, np.ndarray]:

@@ -7,10 +7,10 @@ import pandas as pd
 import torch
 
 from specdec_lab import exact, plots
-from specdec_lab.experiments.chi_square import check_sampler, summary  # noqa: F401  (re-exported: the notebook's one import)
-from specdec_lab.experiments.proof_by_numbers import PROMPTS, SETTINGS  # noqa: F401  (re-exported: the notebook's one import)
-from specdec_lab.experiments.scale import default_device, setup  # noqa: F401  (re-exported: the notebook's one import)
-from specdec_lab.plots import token_strings  # noqa: F401  (re-exported: the notebook's one import)
+from specdec_lab.experiments.chi_square import check_sampler, summary  # noqa: F401 (for the notebook)
+from specdec_lab.experiments.proof_by_numbers import PROMPTS, SETTINGS  # noqa: F401 (for the notebook)
+from specdec_lab.experiments.scale import default_device, setup  # noqa: F401 (for the notebook)
+from specdec_lab.plots import token_strings  # noqa: F401 (for the notebook)
 from specdec_lab.sampling import make_generator, to_probs
 from specdec_lab.samplers.naive import NaiveConfig, sample_naive
 

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from specdec_lab import theory
-from specdec_lab.experiments.scale import default_device, setup  # noqa: F401  (re-exported: the notebook's one import)
+from specdec_lab.experiments.scale import default_device, setup  # noqa: F401 (for the notebook)
 from specdec_lab.sampling import make_generator
 from specdec_lab.samplers.naive import NaiveConfig, sample_naive
 

@@ -12,9 +12,9 @@ from scipy import stats as sps
 
 from specdec_lab import exact, stats
 from specdec_lab.exact import cached_logits_at, first_token_law, first_token_rule_law
-from specdec_lab.experiments.chi_square import Check, check_sampler, sample_sizes, summary  # noqa: F401  (re-exported: the notebook's one import)
+from specdec_lab.experiments.chi_square import Check, check_sampler, sample_sizes, summary  # noqa: F401 (for the notebook)
 from specdec_lab.experiments.proof_by_numbers import exact_rule_table
-from specdec_lab.experiments.scale import default_device, setup, work_dir  # noqa: F401  (re-exported: the notebook's one import)
+from specdec_lab.experiments.scale import default_device, setup, work_dir  # noqa: F401 (for the notebook)
 from specdec_lab.sampling import SamplingConfig, make_generator, to_probs
 from specdec_lab.samplers.faulty import FAULTY
 from specdec_lab.samplers.speculative import SpeculativeConfig

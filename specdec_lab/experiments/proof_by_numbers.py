@@ -10,9 +10,9 @@ import pandas as pd
 import torch
 
 from specdec_lab import exact, stats
-from specdec_lab.exact import cached_logits_at, first_token_law, first_token_logits  # noqa: F401  (re-exported: the notebook's one import)
-from specdec_lab.experiments.scale import default_device, setup  # noqa: F401  (re-exported: the notebook's one import)
-from specdec_lab.plots import token_strings  # noqa: F401  (re-exported: the notebook's one import)
+from specdec_lab.exact import cached_logits_at, first_token_law, first_token_logits  # noqa: F401 (for the notebook)
+from specdec_lab.experiments.scale import default_device, setup  # noqa: F401 (for the notebook)
+from specdec_lab.plots import token_strings  # noqa: F401 (for the notebook)
 from specdec_lab.sampling import SamplingConfig, make_generator, to_probs
 from specdec_lab.samplers.naive import NaiveConfig, sample_naive
 from specdec_lab.samplers.speculative import SpeculativeConfig, sample_speculative

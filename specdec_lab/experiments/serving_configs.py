@@ -9,7 +9,7 @@ from dataclasses import replace
 import pandas as pd
 
 from specdec_lab import serving
-from specdec_lab.experiments.scale import setup  # noqa: F401  (re-exported: the notebook's one import)
+from specdec_lab.experiments.scale import setup  # noqa: F401 (for the notebook)
 
 
 def memory_fit_table(config, hardware_names, tensor_parallel_sizes) -> pd.DataFrame:

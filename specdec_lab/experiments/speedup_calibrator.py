@@ -7,8 +7,8 @@ import pandas as pd
 import torch
 
 from specdec_lab import plots, theory
-from specdec_lab.experiments.proof_by_numbers import PROMPTS, SETTINGS, real_logits  # noqa: F401  (re-exported: the notebook's one import)
-from specdec_lab.experiments.scale import default_device, setup  # noqa: F401  (re-exported: the notebook's one import)
+from specdec_lab.experiments.proof_by_numbers import PROMPTS, SETTINGS, real_logits  # noqa: F401 (for the notebook)
+from specdec_lab.experiments.scale import default_device, setup  # noqa: F401 (for the notebook)
 from specdec_lab.sampling import make_generator, to_probs
 from specdec_lab.samplers.speculative import SpeculativeConfig, sample_speculative
 
