@@ -144,13 +144,20 @@ LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 @pytest.mark.parametrize("page", ["README.md", *sorted(p.relative_to(ROOT).as_posix()
                                                        for p in (ROOT / "docs").glob("*.md"))])
 def test_relative_links_resolve(page):
-    """Every relative link in the README and the docs/ pages names a file of the repository."""
+    """Every relative link in the README and the docs/ pages names a file of the repository (and a heading of it)."""
     path = ROOT / page
     broken = []
     for target in LINK.findall(path.read_text()):
         if re.match(r"[a-z]+:", target) or target.startswith("#"):
             continue
-        file = target.split("#")[0]
-        if not (path.parent / file).exists():
+        file, _, anchor = target.partition("#")
+        linked = path.parent / file if file else path
+        if not linked.exists() or (anchor and linked.suffix == ".md" and anchor not in anchors(linked)):
             broken.append(target)
     assert broken == []
+
+
+def anchors(page: Path) -> set[str]:
+    """GitHub's anchors of a Markdown page's headings: lower case, punctuation dropped, spaces as hyphens."""
+    return {re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+            for line in page.read_text().splitlines() if re.match(r"#{1,6} ", line)}
