@@ -272,12 +272,23 @@ def add_audit_parser(sub) -> None:
     _pair_and_common_args(vl, samples=20000, length=6)
     vl.set_defaults(func=cmd_audit, serve=False)
 
+    from specdec_lab.adapters.llamacpp import DRAFT_TOKENS
+
+    ls = kinds.add_parser("llama-speculative", help="llama.cpp's llama-speculative example on the bundled pair "
+                                                    "(one process per sample; `make llama-cpp` builds it)")
+    ls.add_argument("--samples", type=int, default=2000)
+    ls.add_argument("--length", type=int, default=DRAFT_TOKENS + 2)
+    ls.add_argument("--temperature", type=float, default=1.0)
+    ls.add_argument("--seed", type=int, default=0)
+    ls.add_argument("--tolerance", type=float, default=0.02, help="ε of the equivalence verdict")
+    ls.add_argument("--out", type=Path, required=True, help="sample file (parquet; resumes)")
+    ls.set_defaults(func=cmd_llama_speculative)
+
 
 def _pair_and_common_args(parser, samples: int, length: int) -> None:
-    parser.add_argument("--target", help="Hugging Face id or local path of the target (default: bundled)")
-    parser.add_argument("--draft", help="Hugging Face id or local path of the draft (default: bundled)")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--trust-remote-code", action="store_true", help="allow model code from the hub")
+    from specdec_lab.models import add_pair_arguments
+
+    add_pair_arguments(parser)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--top-p", type=float, default=1.0)
@@ -320,7 +331,7 @@ def cmd_audit(args) -> int:
     """Run one audit from the command line; exit 0 when the verdict is the expected one."""
     from specdec_lab.adapters import llamacpp
     from specdec_lab.adapters import vllm as vllm_adapter
-    from specdec_lab.cli import _load
+    from specdec_lab.models import pair_from_args
 
     if args.kind == "vllm" and args.method != "none" and args.length < args.k + 2:
         raise SystemExit(f"error: --length {args.length} < K + 2 = {args.k + 2}: vLLM samples the first token with the "
@@ -348,7 +359,7 @@ def cmd_audit(args) -> int:
             sampler = _sampler_from_args(args, sampling)
         out = args.out or Path("reports") / "audit" / f"{args.kind}-{time.strftime('%Y%m%d-%H%M%S')}.parquet"
         out.parent.mkdir(parents=True, exist_ok=True)
-        pair = _load(args)
+        pair = pair_from_args(args)
         result = audit(pair, sampler, args.samples, args.length, out, prompt=args.prompt, seed=args.seed,
                        scored_at=scored_at, expected=expected, settings=SuiteSettings(tolerance=args.tolerance),
                        progress=not args.quiet)
@@ -369,9 +380,9 @@ def cmd_audit(args) -> int:
 def _greedy_vllm(args) -> int:
     """T = 0: vLLM's speculative greedy output must equal its own non-speculative greedy output, token for token."""
     from specdec_lab.adapters import vllm as vllm_adapter
-    from specdec_lab.cli import _load
+    from specdec_lab.models import pair_from_args
 
-    pair = _load(args)
+    pair = pair_from_args(args)
     check = vllm_adapter.greedy_check(args.method, pair.encode(args.prompt), args.length, args.k, args.head)
     vllm_adapter.close_workers()
     for name in ("reference", "speculative"):
@@ -379,3 +390,25 @@ def _greedy_vllm(args) -> int:
     verdict = "identical" if check["identical"] else f"DIFFERS from token {check['first_difference']}"
     print(f"\nvLLM {vllm_adapter.VERSION} offline, {args.method} K={args.k}, greedy, L={args.length}: {verdict}")
     return 0 if check["identical"] else 1
+
+
+def audit_llama_speculative(n: int, length: int, out: Path, sampling: SamplingConfig = SamplingConfig(),
+                            seed: int = 0, prompt: str = DEFAULT_PROMPT, tolerance: float = 0.02) -> AuditResult:
+    """Audit llama.cpp's ``llama-speculative`` on the bundled pair (one process per sample)."""
+    from specdec_lab.adapters.llamacpp import SpeculativeTool, bundled_ggufs
+    from specdec_lab.models import load_pair
+
+    with bundled_ggufs() as (target, draft):
+        tool = SpeculativeTool(str(target), str(draft), sampling)
+        return audit(load_pair("bundled"), tool, n, length, out, prompt=prompt, seed=seed,
+                     settings=SuiteSettings(tolerance=tolerance))
+
+
+def cmd_llama_speculative(args) -> int:
+    """``specdec-lab audit llama-speculative``: the per-test table and the summary row as JSON."""
+    result = audit_llama_speculative(args.samples, args.length, args.out,
+                                     SamplingConfig(temperature=args.temperature), seed=args.seed,
+                                     tolerance=args.tolerance)
+    print(result.tests()[["test", "statistic", "pvalue"]].to_string(index=False))
+    print(json.dumps(result.summary(), default=str, indent=1))
+    return 0

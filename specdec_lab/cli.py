@@ -8,24 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-
-def _pair_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", help="Hugging Face id or local path of the target (default: bundled)")
-    parser.add_argument("--draft", help="Hugging Face id or local path of the draft (default: bundled)")
-    parser.add_argument("--device", default="cpu", help="torch device, e.g. cuda (default: cpu)")
-    parser.add_argument("--trust-remote-code", action="store_true",
-                        help="allow model code from the hub (off by default)")
-
-
-def _load(args):
-    from specdec_lab.models import load_pair
-
-    if (args.target is None) != (args.draft is None):
-        raise SystemExit("error: give both --target and --draft, or neither (bundled models)")
-    if args.target is None:
-        return load_pair("bundled", device=args.device)
-    return load_pair(target=args.target, draft=args.draft, device=args.device,
-                     trust_remote_code=args.trust_remote_code)
+from specdec_lab.models import add_pair_arguments, pair_from_args
 
 
 def cmd_verify(args) -> int:
@@ -35,7 +18,7 @@ def cmd_verify(args) -> int:
                             low_temperature=args.low_temperature, top_p=args.top_p, top_k=args.top_k,
                             samples=args.samples, seed=args.seed, prompt=args.prompt, out=args.out,
                             progress=not args.quiet, length=args.length)
-    pair = _load(args)
+    pair = pair_from_args(args)
     print(f"specdec-lab verify: {pair.identity['pair']} on {pair.device}, scale {args.scale}", flush=True)
     result = run_verify(pair, options)
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 90):
@@ -68,7 +51,7 @@ def cmd_collect(args) -> int:
     else:
         verifier = LOSSLESS.get(args.sampler) or faulty.get(args.sampler)
         sampler = SpeculativeConfig(k=args.k, sampling=sampling, verifier=verifier, trim=args.trim)
-    pair = _load(args)
+    pair = pair_from_args(args)
     samples = collect(pair, sampler, args.prompt, args.samples, args.length, args.seed, args.out,
                       batch_size=args.batch_size)
     print(f"{args.out}: {len(samples.frame)} samples; stats {samples.meta.get('stats')}")
@@ -140,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
 
     v = sub.add_parser("verify", help="the main job: every sampler, every test, one report")
-    _pair_args(v)
+    add_pair_arguments(v)
     v.add_argument("--scale", default="default", choices=sorted(SCALES))
     v.add_argument("--k", type=int, default=4, help="draft tokens per target pass")
     v.add_argument("--temperature", type=float, default=1.0)
@@ -158,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     v.set_defaults(func=cmd_verify)
 
     c = sub.add_parser("collect", help="collect samples from one sampler into a parquet file")
-    _pair_args(c)
+    add_pair_arguments(c)
     c.add_argument("--sampler", default="leviathan",
                    help="naive, leviathan, point_mass or a faulty variant name")
     c.add_argument("--k", type=int, default=4)

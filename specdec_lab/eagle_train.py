@@ -27,10 +27,8 @@ the target's sha256, time), leaving every other entry as it was.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -40,7 +38,7 @@ import torch.nn.functional as F
 
 from specdec_lab.medusa_train import hidden_and_laws
 from specdec_lab.models import sha256_file
-from specdec_lab.train import TrainSettings, add_to_manifest, encode, fetch_corpus, fit
+from specdec_lab.train import TrainSettings, add_to_manifest, encode_corpus, fetch_corpus, fit, script_parser
 
 EAGLE_SUBDIR = "eagle"
 
@@ -156,9 +154,7 @@ def load_head(directory: Path, target_config) -> EagleHead:
 def main(argv: list[str] | None = None) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("data/models"))
-    parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "specdec_lab_corpus")
+    parser = script_parser(__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=EagleSettings.steps)
     args = parser.parse_args(argv)
     settings = EagleSettings(steps=args.steps)
@@ -170,8 +166,7 @@ def main(argv: list[str] | None = None) -> None:
     for param in target.parameters():
         param.requires_grad_(False)
     train_texts, held_texts, _ = fetch_corpus(args.cache)
-    train_ids, held_ids = encode(tokenizer, train_texts), encode(tokenizer, held_texts)
-    print(f"corpus: {len(train_ids)} train tokens, {len(held_ids)} held-out tokens", flush=True)
+    train_ids, held_ids = encode_corpus(tokenizer, train_texts, held_texts)
 
     with torch.random.fork_rng():  # transformers initialises weights from the global RNG
         torch.manual_seed(settings.seed)

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 
 from specdec_lab.sampling import SamplingConfig, to_probs
@@ -122,6 +123,40 @@ def model_logits_at(pair, context: torch.Tensor, batch: int = 512) -> LogitsAt:
                       for c in seqs.split(batch)]
             outs.append(torch.cat(chunks))
         return outs[0], outs[1]
+
+    return logits_at
+
+
+def first_token_logits(pair, prompt_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target and draft logits (V,) each, in float64, for the token right after the prompt."""
+    target_logits, draft_logits = model_logits_at(pair, prompt_ids)(torch.zeros(1, 0, dtype=torch.long))
+    return target_logits[0], draft_logits[0]
+
+
+def first_token_law(pair, prompt_ids: torch.Tensor, sampling: SamplingConfig = SamplingConfig()) -> np.ndarray:
+    """The exact target law p(· | prompt) after ``sampling``, as a float64 array (V,)."""
+    target_logits, _ = model_logits_at(pair, prompt_ids)(torch.zeros(1, 0, dtype=torch.long))
+    return to_probs(target_logits[0], sampling).numpy()
+
+
+def first_token_rule_law(pair, prompt_ids: torch.Tensor, config) -> np.ndarray:
+    """The exact law (V,) of the first token a speculative sampler emits after the prompt (``config``: a
+    :class:`~specdec_lab.samplers.speculative.SpeculativeConfig`, its sampling and verifier)."""
+    target_logits, draft_logits = first_token_logits(pair, prompt_ids)
+    return step_law(target_logits, draft_logits, config.sampling, config.verifier).numpy()
+
+
+def cached_logits_at(pair, context: torch.Tensor) -> LogitsAt:
+    """:func:`specdec_lab.model_logits_at`, remembering each answer: many rules' exact laws
+    over the same prefixes then cost one set of forwards."""
+    compute = model_logits_at(pair, context)
+    memo = {}
+
+    def logits_at(prefixes: torch.Tensor):
+        key = (tuple(prefixes.shape), prefixes.numpy().tobytes())
+        if key not in memo:
+            memo[key] = compute(prefixes)
+        return memo[key]
 
     return logits_at
 

@@ -17,19 +17,16 @@ two files' sha256s, leaving every existing entry as it was. About 20 minutes on 
 
 from __future__ import annotations
 
-import argparse
 import json
-import tempfile
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from specdec_lab.models import sha256_file
 from specdec_lab.samplers.medusa import MEDUSA_SUBDIR, MedusaHeads, save_heads
-from specdec_lab.train import TrainSettings, add_to_manifest, encode, fetch_corpus, fit
+from specdec_lab.train import TrainSettings, add_to_manifest, encode_corpus, fetch_corpus, fit, script_parser
 
 
 @dataclass(frozen=True)
@@ -94,9 +91,7 @@ def head_accuracy(target, heads: MedusaHeads, stream: torch.Tensor, settings: Me
 def main(argv: list[str] | None = None) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("data/models"))
-    parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "specdec_lab_corpus")
+    parser = script_parser(__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=MedusaSettings.steps)
     parser.add_argument("--heads", type=int, default=MedusaSettings.num_heads)
     args = parser.parse_args(argv)
@@ -109,8 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     for param in target.parameters():
         param.requires_grad_(False)
     train_texts, held_texts, _ = fetch_corpus(args.cache)
-    train_ids, held_ids = encode(tokenizer, train_texts), encode(tokenizer, held_texts)
-    print(f"corpus: {len(train_ids)} train tokens, {len(held_ids)} held-out tokens", flush=True)
+    train_ids, held_ids = encode_corpus(tokenizer, train_texts, held_texts)
 
     with torch.random.fork_rng():
         torch.manual_seed(settings.seed)

@@ -72,6 +72,25 @@ def verify_manifest(directory: Path) -> dict:
     return manifest
 
 
+def add_pair_arguments(parser) -> None:
+    """``--target``, ``--draft``, ``--device``, ``--trust-remote-code``: how every command names its pair."""
+    parser.add_argument("--target", help="Hugging Face id or local path of the target (default: bundled)")
+    parser.add_argument("--draft", help="Hugging Face id or local path of the draft (default: bundled)")
+    parser.add_argument("--device", default="cpu", help="torch device, e.g. cuda (default: cpu)")
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="allow model code from the hub (off by default)")
+
+
+def pair_from_args(args) -> "ModelPair":
+    """The pair that :func:`add_pair_arguments`' options name: both of --target/--draft, or neither (bundled)."""
+    if (args.target is None) != (args.draft is None):
+        raise SystemExit("error: give both --target and --draft, or neither (bundled models)")
+    if args.target is None:
+        return load_pair("bundled", device=args.device)
+    return load_pair(target=args.target, draft=args.draft, device=args.device,
+                     trust_remote_code=args.trust_remote_code)
+
+
 def load_pair(name: str | None = None, *, target: str | None = None, draft: str | None = None,
               device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
               trust_remote_code: bool = False) -> ModelPair:

@@ -40,6 +40,20 @@ def _grid(rows: int, cols: int, figsize, **kwargs) -> tuple[Figure, np.ndarray]:
     return fig, axes
 
 
+def _finish(fig: Figure, ax, title: str, *, xlabel: str | None = None, ylabel: str | None = None,
+            legend: dict | None = None) -> Figure:
+    """The last steps of a one-axes figure: axis labels (where given), title, legend (``legend``: its
+    options), a tight layout."""
+    if xlabel is not None:
+        ax.set_xlabel(xlabel)
+    if ylabel is not None:
+        ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(**(legend or {}))
+    fig.tight_layout()
+    return fig
+
+
 def _wrap(text: str, width: float, fontsize: float = 12) -> str:
     """``text`` broken into lines that fit ``width`` inches at ``fontsize`` points (so no title is cut)."""
     return textwrap.fill(text, max(20, int(width * 72 / (0.55 * fontsize))), break_on_hyphens=False)
@@ -71,6 +85,11 @@ def token_label(text: str) -> str:
     return text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥") or "∅"
 
 
+def token_strings(pair) -> list[str]:
+    """Every token of the pair's vocabulary as an axis label (:func:`token_label`)."""
+    return [token_label(pair.decode([i])) for i in range(pair.vocab_size)]
+
+
 def _token_axis(ax, order: np.ndarray, tokens, xlabel: str = "token, most likely under p first") -> None:
     """Tick labels of a token axis: the tokens' strings when given, else their rank under p."""
     x = np.arange(len(order))
@@ -93,11 +112,8 @@ def tv_bounds(summary: pd.DataFrame, tolerance: float) -> Figure:
     ax.axvline(tolerance, color="black", linestyle="--", label=f"ε = {tolerance:g}")
     ax.set_xscale("log")
     _plain_ticks(ax)
-    ax.set_ylabel("")
-    ax.set_title(_wrap("Upper 99% confidence bound on TV(sampler, target), first token", 6))
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3, frameon=False)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax, _wrap("Upper 99% confidence bound on TV(sampler, target), first token", 6),
+                   ylabel="", legend=dict(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3, frameon=False))
 
 
 def first_token(laws: dict[str, np.ndarray], exact: np.ndarray, top: int = 25, tokens=None) -> Figure:
@@ -112,11 +128,8 @@ def first_token(laws: dict[str, np.ndarray], exact: np.ndarray, top: int = 25, t
         ax.plot(x, np.asarray(freq)[order], marker=markers[i % len(markers)], linestyle="none",
                 color=sns.color_palette()[i % 10], label=name, zorder=2)
     _token_axis(ax, order, tokens)
-    ax.set_ylabel("probability")
-    ax.set_title(f"First token: sampled frequencies against the exact target law ({len(order)} most likely tokens)")
-    ax.legend(fontsize=10)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax, f"First token: sampled frequencies against the exact target law ({len(order)} most likely "
+                   "tokens)", ylabel="probability", legend=dict(fontsize=10))
 
 
 def observed_vs_expected(counts: np.ndarray, p: np.ndarray, top: int = 30, tokens=None) -> Figure:
@@ -132,11 +145,7 @@ def observed_vs_expected(counts: np.ndarray, p: np.ndarray, top: int = 30, token
     ax.bar(x, counts[order], color=sns.color_palette()[0], label="observed")
     ax.errorbar(x, expected, yerr=2 * sd, fmt="o", color="black", capsize=3, label="expected m·p ± 2 sd")
     _token_axis(ax, order, tokens)
-    ax.set_ylabel("count")
-    ax.set_title(f"First token: observed vs expected (m = {int(m):,})")
-    ax.legend()
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax, f"First token: observed vs expected (m = {int(m):,})", ylabel="count")
 
 
 def pit(pits: dict[str, np.ndarray], bins: int = 20) -> Figure:
@@ -170,11 +179,8 @@ def step_decomposition(p: np.ndarray, q: np.ndarray, kept: np.ndarray, replaced:
     ax.scatter(x, p[order], marker="_", s=300, color="black", label="target p", zorder=3)
     ax.scatter(x, q[order], marker="o", color=colors[2], label="draft q", zorder=3)
     _token_axis(ax, order, tokens)
-    ax.set_ylabel("probability")
-    ax.set_title("Modified rejection sampling, one step: the two parts add up to p")
-    ax.legend()
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax, "Modified rejection sampling, one step: the two parts add up to p",
+                   ylabel="probability")
 
 
 def exact_tv(table: pd.DataFrame) -> Figure:
@@ -187,12 +193,9 @@ def exact_tv(table: pd.DataFrame) -> Figure:
     fig, ax = _new((9, 0.4 * len(frame) + 1.8))
     sns.barplot(data=frame, y="rule", x="shown", hue="kind", dodge=False, ax=ax)
     ax.set_xscale("log")
-    ax.set_xlabel("exact TV(rule's law, p) over the first two tokens")
-    ax.set_ylabel("")
-    ax.set_title(_wrap("The theorem by enumeration: ~1e-16 for lossless rules, far from 0 for the bugs", 6))
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, frameon=False)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax, _wrap("The theorem by enumeration: ~1e-16 for lossless rules, far from 0 for the bugs", 6),
+                   xlabel="exact TV(rule's law, p) over the first two tokens", ylabel="",
+                   legend=dict(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, frameon=False))
 
 
 def tv_bound_path(frame: pd.DataFrame, tolerance: float) -> Figure:
@@ -208,18 +211,14 @@ def tv_bound_path(frame: pd.DataFrame, tolerance: float) -> Figure:
     ax.set_xscale("log")
     ax.set_yscale("log")
     _plain_ticks(ax)
-    ax.set_xlabel("samples m")
-    ax.set_title("How the TV bound shrinks with the sample size m")
-    ax.legend()
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax, "How the TV bound shrinks with the sample size m", xlabel="samples m")
 
 
 def power_curves(frame: pd.DataFrame) -> Figure:
     """Simulated rejection rate vs sample size, against the predicted power curves.
 
     ``frame`` needs the columns ``alternative``, ``m``, ``simulated``, ``se``, ``noncentral χ²`` and
-    ``planner (worst case)`` (:func:`specdec_lab.notebook.power_curve`).
+    ``planner (worst case)`` (:func:`specdec_lab.experiments.negative_controls.power_curve`).
     """
     names = list(dict.fromkeys(frame["alternative"]))
     fig, axes = _grid(1, len(names), (4.7 * len(names), 4.6), sharey=True)
@@ -258,7 +257,7 @@ def roofline(hardware: dict[str, tuple[float, float]], points: pd.DataFrame) -> 
     with decoding steps at several batch sizes as points.
 
     ``hardware`` maps a name to (bandwidth bytes/s, peak FLOP/s); ``points`` needs the columns
-    ``hardware``, ``batch``, ``FLOP per byte`` and ``FLOP/s attained`` (:func:`specdec_lab.notebook.batch_sweep`).
+    ``hardware``, ``batch``, ``FLOP per byte`` and ``FLOP/s attained`` (:func:`specdec_lab.experiments.memory_wall.batch_sweep`).
     """
     fig, ax = _new((9, 5.5))
     intensity = np.logspace(-1, 4, 200)
@@ -275,18 +274,15 @@ def roofline(hardware: dict[str, tuple[float, float]], points: pd.DataFrame) -> 
     ax.set_yscale("log")
     low, high = ax.get_ylim()
     ax.set_ylim(low, high * 4)  # room for the batch labels above the flat roof
-    ax.set_xlabel("arithmetic intensity (FLOP per byte moved)")
-    ax.set_ylabel("attainable FLOP/s")
-    ax.set_title(_wrap("Roofline: decoding at batch B sits on the bandwidth slope until B is large", 8.2))
-    ax.legend(title="hardware")
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax, _wrap("Roofline: decoding at batch B sits on the bandwidth slope until B is large", 8.2),
+                   xlabel="arithmetic intensity (FLOP per byte moved)", ylabel="attainable FLOP/s",
+                   legend=dict(title="hardware"))
 
 
 def batch_sweep(frame: pd.DataFrame) -> Figure:
     """Roofline tokens/s against batch size per accelerator (log-log); marker = what binds.
 
-    ``frame`` from :func:`specdec_lab.notebook.batch_sweep`.
+    ``frame`` from :func:`specdec_lab.experiments.memory_wall.batch_sweep`.
     """
     fig, ax = _new((9, 5))
     sns.lineplot(data=frame, x="batch", y="tokens/s ≤", hue="hardware", legend=False, ax=ax)
@@ -317,10 +313,8 @@ def speedup(table: pd.DataFrame, k: int | None = None, title: str = "") -> Figur
     if k is not None:
         ax.axvline(k, color="red", linewidth=1.5, label=f"your K = {k}")
     ax.set_xticks(table["K"])
-    ax.set_title(_wrap(title or "Expected wall-clock speedup (1 − α^{K+1}) / ((1 − α)(Kc + 1))", 6.5))
-    ax.legend(loc="best")
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax, _wrap(title or "Expected wall-clock speedup (1 − α^{K+1}) / ((1 − α)(Kc + 1))", 6.5),
+                   legend=dict(loc="best"))
 
 
 def tree(parents, ranks, labels=None, title: str = "") -> Figure:
@@ -372,7 +366,7 @@ def tree(parents, ranks, labels=None, title: str = "") -> Figure:
 
 def typical_heatmap(grid: pd.DataFrame) -> Figure:
     """Exact TV of Medusa typical acceptance against p over ε (rows) and α (columns), one panel per
-    temperature. ``grid`` from :func:`specdec_lab.notebook.typical_tv_grid`."""
+    temperature. ``grid`` from :func:`specdec_lab.experiments.medusa_trees.typical_tv_grid`."""
     temperatures = sorted(grid["temperature"].unique())
     fig, axes = _grid(1, len(temperatures), (4.7 * len(temperatures), 4.4))
     for ax, temperature in zip(axes.flat, temperatures):
@@ -389,14 +383,12 @@ def typical_heatmap(grid: pd.DataFrame) -> Figure:
 
 def detection_power(power: pd.DataFrame, level: float = 0.9) -> Figure:
     """Power of the whole suite against each planted fault family, over the fault's exact TV on
-    the first two tokens (from :func:`specdec_lab.notebook.detection_power`), with the 0.9 line."""
+    the first two tokens (from :func:`specdec_lab.experiments.negative_controls.detection_power`), with the 0.9 line."""
     fig, ax = _new((8, 4))
     sns.lineplot(data=power, x="exact TV (2 tokens)", y="power", hue="family", marker="o", ax=ax)
     ax.axhline(level, color="black", linestyle="--", linewidth=1, label=f"power {level:g}")
     ax.set_xscale("log")
     ax.set_ylim(-0.02, 1.02)
     m = int(power["m"].iloc[0])
-    ax.set_title(f"What the suite can see at m = {m:,}: power against planted faults")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax, f"What the suite can see at m = {m:,}: power against planted faults",
+                   legend=dict(fontsize=8))

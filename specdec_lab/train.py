@@ -257,10 +257,23 @@ def add_to_manifest(out: Path, subdir: str, names: tuple[str, ...], entry: dict)
     path.write_text(json.dumps(manifest, indent=2) + "\n")
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def script_parser(description: str) -> argparse.ArgumentParser:
+    """The options every training script shares: where the models go, where the corpus is cached."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--out", type=Path, default=Path("data/models"))
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "specdec_lab_corpus")
+    return parser
+
+
+def encode_corpus(tokenizer, train_texts: list[str], held_texts: list[str]):
+    """(train ids, held-out ids) of the corpus under ``tokenizer``, their sizes printed."""
+    train_ids, held_ids = encode(tokenizer, train_texts), encode(tokenizer, held_texts)
+    print(f"corpus: {len(train_ids)} train tokens, {len(held_ids)} held-out tokens", flush=True)
+    return train_ids, held_ids
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = script_parser(__doc__.splitlines()[0])
     parser.add_argument("--target-steps", type=int, default=TrainSettings.target_steps)
     parser.add_argument("--draft-steps", type=int, default=TrainSettings.draft_steps)
     args = parser.parse_args(argv)
@@ -270,8 +283,7 @@ def main(argv: list[str] | None = None) -> None:
 
     train_texts, held_texts, corpus = fetch_corpus(args.cache)
     tokenizer = train_tokenizer(train_texts, settings.vocab_size)
-    train_ids, held_ids = encode(tokenizer, train_texts), encode(tokenizer, held_texts)
-    print(f"corpus: {len(train_ids)} train tokens, {len(held_ids)} held-out tokens", flush=True)
+    train_ids, held_ids = encode_corpus(tokenizer, train_texts, held_texts)
 
     generator = torch.Generator().manual_seed(settings.seed)
     with torch.random.fork_rng():  # transformers initialises weights from the global RNG

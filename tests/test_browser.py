@@ -40,7 +40,8 @@ import numpy as np
 import playwright.sync_api as playwright
 import pytest
 
-from specdec_lab import notebook, theory
+from specdec_lab import theory
+from specdec_lab.experiments import speedup_calibrator
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
@@ -425,8 +426,8 @@ def reference_png(alpha: float, k: int, c: float, hardware: str) -> np.ndarray:
     from IPython.core.pylabtools import print_figure
 
     with mpl.rc_context():
-        sns.set_theme(context="notebook", style="whitegrid")  # as notebook.setup()
-        fig, _, _ = notebook.calibrator_view(alpha, k, c, hardware)
+        sns.set_theme(context="notebook", style="whitegrid")  # as the notebooks' setup()
+        fig, _, _ = speedup_calibrator.calibrator_view(alpha, k, c, hardware)
         png = print_figure(fig, "png", bbox_inches="tight")
     return matplotlib.image.imread(io.BytesIO(png))
 
@@ -508,7 +509,7 @@ def test_calibrator_controls_give_the_theory(runs, shots):
     for _ in range(4):
         page.keyboard.press("ArrowRight")
     c = float(calibrator_state(interact)["controls"]["c"]["readout"])
-    assert c == notebook.C_CHOICES[notebook.C_CHOICES.index(0.05) + 4], f"→ moved c to {c}"
+    assert c == speedup_calibrator.C_CHOICES[speedup_calibrator.C_CHOICES.index(0.05) + 4], f"→ moved c to {c}"
     previous, state = state, wait_for_text(interact, expected_view(alpha, k, c)["text"])
     check_view(state, alpha, k, c, "manual c", previous)
     assert not state["controls"]["c"]["disabled"]

@@ -507,19 +507,6 @@ def speculative_example_law(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return law
 
 
-def audit_speculative_tool(n: int, length: int, out: Path, sampling: SamplingConfig = SamplingConfig(),
-                           seed: int = 0, prompt: str = "ROMEO:\n", tolerance: float = 0.02):
-    """Audit llama.cpp's ``llama-speculative`` on the bundled pair (one process per sample)."""
-    from specdec_lab.audit import audit
-    from specdec_lab.models import load_pair
-    from specdec_lab.suite import SuiteSettings
-
-    with bundled_ggufs() as (target, draft):
-        tool = SpeculativeTool(str(target), str(draft), sampling)
-        return audit(load_pair("bundled"), tool, n, length, out, prompt=prompt, seed=seed,
-                     settings=SuiteSettings(tolerance=tolerance))
-
-
 def _serve(url_file: Path | None, threads: int, model: str = "target") -> int:
     """Serve until SIGTERM/SIGINT; write the base URL to ``url_file`` once it answers."""
     stop = {"now": False}
@@ -554,12 +541,6 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--threads", type=int, default=1)
     s.add_argument("--model", default="target", choices=[*ALIASES, *SERVER_ALIASES],
                    help="target/target-lookup: llama-cpp-python's server; target-draft/target-nodraft: llama-server")
-    a = sub.add_parser("audit-speculative", help="audit llama.cpp's llama-speculative example on the bundled pair")
-    a.add_argument("--samples", type=int, default=2000)
-    a.add_argument("--length", type=int, default=DRAFT_TOKENS + 2)
-    a.add_argument("--temperature", type=float, default=1.0)
-    a.add_argument("--seed", type=int, default=0)
-    a.add_argument("--out", type=Path, required=True, help="sample file (parquet; resumes)")
     g = sub.add_parser("greedy-parity", help="greedy: llama-server with the draft vs without vs our argmax")
     g.add_argument("--length", type=int, default=64)
     args = parser.parse_args(argv)
@@ -569,12 +550,6 @@ def main(argv: list[str] | None = None) -> int:
         found = greedy_parity(load_pair("bundled"), length=args.length)
         print(json.dumps(found, indent=1))
         return 0 if found["identical"] == found["prompts"] else 1
-    if args.command == "audit-speculative":
-        result = audit_speculative_tool(args.samples, args.length, args.out,
-                                        SamplingConfig(temperature=args.temperature), seed=args.seed)
-        print(result.tests()[["test", "statistic", "pvalue"]].to_string(index=False))
-        print(json.dumps(result.summary(), default=str, indent=1))
-        return 0
     if args.command == "fetch-converter":
         print(fetch_converter())
         return 0

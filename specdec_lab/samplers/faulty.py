@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from specdec_lab.sampling import SamplingConfig, to_probs
-from specdec_lab.samplers.rules import LEVIATHAN, DraftLaws, Law, Verifier, draft_point_mass
+from specdec_lab.samplers.rules import LEVIATHAN, DraftLaws, Law, Mode, Verifier, draft_point_mass
 
 
 def _accept_always(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
@@ -128,14 +128,8 @@ def _select_sibling_independent(p: Law, nodes: torch.Tensor, tree, config, gener
     return retrieve[best], best_length, token
 
 
-def _tree_mode(**kwargs):
-    from specdec_lab.samplers.medusa import Mode
-
-    return Mode(**kwargs)
-
-
 TREE_FAULTY = {m.name: m for m in (
-    _tree_mode(name="sibling_independent", lossless=False, candidates="topk",
+    Mode(name="sibling_independent", lossless=False, candidates="topk",
                description="independent target draws per sibling path, longest accepted path wins",
                select=_select_sibling_independent),
 )}

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -23,7 +22,8 @@ import torch.nn.functional as F
 from specdec_lab.models import BUNDLED_DIR, ModelLoadError, verify_manifest
 from specdec_lab.sampling import SamplingConfig, sample, to_probs
 from specdec_lab.samplers.naive import CHUNK, SampleResult, check_request, in_chunks
-from specdec_lab.samplers.rules import Law, accept_ratio, residual_positive_part
+from specdec_lab.samplers.faulty import TREE_FAULTY
+from specdec_lab.samplers.rules import Law, Mode, accept_ratio, residual_positive_part
 from specdec_lab.samplers.tree import Tree, TreeDecoder, chain
 
 MEDUSA_SUBDIR = "medusa"
@@ -176,16 +176,6 @@ def _walk_children(p, cand, valid, generator, accept, residual) -> Pick:
     return Pick(child, token)
 
 
-@dataclass(frozen=True)
-class Mode:
-    name: str
-    lossless: bool
-    candidates: str  # "topk": distinct top-k of each head; "iid": i.i.d. draws from each head
-    description: str
-    pick: Callable | None = None  # node rule for a root-to-leaf walk
-    select: Callable | None = None  # whole-tree rule (typical, faulty): (p, nodes, tree, config, gen)
-
-
 def typical_threshold(p: Law, epsilon: float, alpha: float) -> torch.Tensor:
     """Medusa's typical acceptance threshold min(ε, α·exp(−H(p))) per row (..., V) -> (...)."""
     logp = torch.where(p > 0, torch.log(torch.where(p > 0, p, 1.0)), 0.0)
@@ -241,8 +231,6 @@ MODES = {m.name: m for m in (
 def get_mode(name: str) -> Mode:
     """A mode by name: the table above plus the tree negative controls of
     :data:`specdec_lab.samplers.faulty.TREE_FAULTY`; the error lists the valid names."""
-    from specdec_lab.samplers.faulty import TREE_FAULTY
-
     table = {**MODES, **TREE_FAULTY}
     if name not in table:
         raise ValueError(f"unknown Medusa acceptance mode {name!r}; valid modes: {', '.join(table)}")

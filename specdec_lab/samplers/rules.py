@@ -80,3 +80,16 @@ LEVIATHAN = Verifier("leviathan", True, "Leviathan/Chen modified rejection sampl
 POINT_MASS = Verifier("point_mass", True, "deterministic (greedy) draft: accept with p(x), resample p without x",
                       draft_law=draft_point_mass)
 LOSSLESS = {v.name: v for v in (LEVIATHAN, POINT_MASS)}
+
+
+@dataclass(frozen=True)
+class Mode:
+    """A Medusa tree acceptance mode (:mod:`specdec_lab.samplers.medusa`): how a tree's candidates
+    are drawn and which of them the target keeps."""
+
+    name: str
+    lossless: bool
+    candidates: str  # "topk": distinct top-k of each head; "iid": i.i.d. draws from each head
+    description: str
+    pick: Callable | None = None  # node rule for a root-to-leaf walk
+    select: Callable | None = None  # whole-tree rule (typical, faulty): (p, nodes, tree, config, gen)

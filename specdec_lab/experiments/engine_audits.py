@@ -1,0 +1,31 @@
+"""Notebook 07, auditing engines (HF assisted generation, vLLM): first-token frequencies of audits, vLLM's
+own rejection sampler on the exact p and q."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+
+from specdec_lab.exact import first_token_law  # noqa: F401 (for the notebook)
+from specdec_lab.experiments.scale import default_device, setup, work_dir  # noqa: F401 (for the notebook)
+from specdec_lab.plots import token_strings  # noqa: F401 (for the notebook)
+
+
+def audit_first_freqs(table: pd.DataFrame, vocab_size: int) -> dict[str, np.ndarray]:
+    """First-token frequencies of every audit in a :func:`specdec_lab.audit.run_audits` table,
+    keyed by implementation and settings."""
+    return {f"{r.name} ({row['settings']})": np.bincount(r.samples.tokens()[:, 0], minlength=vocab_size) / r.suite.m
+            for r, (_, row) in zip(table.attrs["results"], table.iterrows())}
+
+
+def vllm_sampler_checks(pair, prompt_ids: torch.Tensor, requests: int, temperature: float = 1.0) -> pd.DataFrame:
+    """vLLM's own rejection sampler on the exact p and q after ``prompt_ids``, with and without its
+    ``apply_sampling_constraints`` step (:func:`specdec_lab.adapters.vllm.sampler_check`), one row per
+    emitted position."""
+    from specdec_lab.adapters import vllm
+
+    steps = {True: "apply_sampling_constraints + rejection_sample", False: "rejection_sample alone"}
+    return pd.concat([pd.DataFrame(vllm.sampler_check(pair, prompt_ids, temperature, requests=requests,
+                                                      constraints=constraints)).assign(step=label)
+                      for constraints, label in steps.items()], ignore_index=True)
