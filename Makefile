@@ -57,9 +57,12 @@ vllm: $(VLLM_STAMP)
 NOTEBOOKS := $(wildcard notebooks/*.ipynb)
 # The vLLM tests and notebook 07 run a real vLLM engine from $(VLLM_VENV) (.ci/run points VLLM_VENV at its
 # per-machine cache). --durations: the slowest tests, so a suite that grows shows where.
+# Two workers (pytest-xdist), each notebook and each test module whole on one of them (--dist loadscope: a
+# notebook's cells share a kernel, a module its engines); one thread per process, as the two workers, their
+# kernels and engine processes already fill the two cores.
 test: $(STAMP) $(AUDIT_STAMP) llama-cpp $(VLLM_STAMP)
-	SPECDEC_LAB_VLLM_PYTHON="$${SPECDEC_LAB_VLLM_PYTHON:-$(abspath $(VLLM_VENV))/bin/python}" \
-		$(BIN)/python -m pytest -q --strict-markers --durations=25 tests specdec_lab \
+	SPECDEC_LAB_VLLM_PYTHON="$${SPECDEC_LAB_VLLM_PYTHON:-$(abspath $(VLLM_VENV))/bin/python}" OMP_NUM_THREADS=1 \
+		$(BIN)/python -m pytest -q --strict-markers --durations=25 -n 2 --dist loadscope tests specdec_lab \
 		$(if $(NOTEBOOKS),--nbval-lax $(NOTEBOOKS)) $(PYTEST_ARGS)
 
 # The notebooks at full scale, executed top to bottom into HTML (about 15 min on 2 CPU cores).

@@ -1,5 +1,5 @@
-"""Notebook 07, auditing engines (HF assisted generation, vLLM): first-token frequencies of audits, vLLM's
-own rejection sampler on the exact p and q."""
+"""Notebook 07, auditing engines (HF assisted generation, vLLM, llama.cpp): first-token frequencies of
+audits, vLLM's own rejection sampler on the exact p and q, llama-server with and without its draft."""
 
 from __future__ import annotations
 
@@ -29,3 +29,29 @@ def vllm_sampler_checks(pair, prompt_ids: torch.Tensor, requests: int, temperatu
     return pd.concat([pd.DataFrame(vllm.sampler_check(pair, prompt_ids, temperature, requests=requests,
                                                       constraints=constraints)).assign(step=label)
                       for constraints, label in steps.items()], ignore_index=True)
+
+
+def llama_server_audits(pair, n: int, length: int, out, seed: int = 13) -> pd.DataFrame:
+    """llama.cpp's own ``llama-server`` on the bundled pair (``make llama-cpp``), through the endpoint
+    adapter: without a draft (the reference), with the bundled draft (``-md``, K = 4), and the
+    negative control (no draft, asked for T = 0.7, scored at T = 1). One :func:`specdec_lab.audit.run_audits`
+    table; its ``speculative steps``, ``drafted/step`` and ``accepted/step`` come from the server's own
+    /metrics counters."""
+    import contextlib
+
+    from specdec_lab.adapters import llamacpp
+    from specdec_lab.adapters.endpoint import LLAMA_SERVER_NEUTRAL, EndpointConfig
+    from specdec_lab.audit import AuditCase, run_audits
+    from specdec_lab.sampling import SamplingConfig
+
+    def endpoint(server, model: str, sampling: SamplingConfig) -> EndpointConfig:
+        return EndpointConfig(server.base_url, model, sampling, server=llamacpp.server_label(model),
+                              extra=LLAMA_SERVER_NEUTRAL, server_metrics=True, progress=False)
+
+    with contextlib.ExitStack() as stack:
+        plain, draft = (stack.enter_context(llamacpp.bundled_server(model=m)) for m in ("target-nodraft", "target-draft"))
+        cases = [AuditCase(endpoint(plain, "target-nodraft", SamplingConfig())),
+                 AuditCase(endpoint(draft, "target-draft", SamplingConfig())),
+                 AuditCase(endpoint(plain, "target-nodraft", SamplingConfig(temperature=0.7)),
+                           scored_at=SamplingConfig(), expected="negative control")]
+        return run_audits(pair, cases, n, length, out, seed=seed, progress=False)
