@@ -19,7 +19,7 @@ def cmd_verify(args) -> int:
     options = VerifyOptions(scale=args.scale, k=args.k, temperature=args.temperature,
                             low_temperature=args.low_temperature, top_p=args.top_p, top_k=args.top_k,
                             samples=args.samples, seed=args.seed, prompt=args.prompt, out=args.out,
-                            progress=not args.quiet, length=args.length)
+                            progress=not args.quiet, length=args.length, workers=args.workers)
     pair = pair_from_args(args)
     print(f"specdec-lab verify: {pair.identity['pair']} on {pair.device}, scale {args.scale}", flush=True)
     result = run_verify(pair, options)
@@ -132,7 +132,10 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("--low-temperature", type=float, default=0.7)
     v.add_argument("--top-k", type=int, default=None)
     v.add_argument("--top-p", type=float, default=0.9, help="the top-p case's nucleus mass")
-    v.add_argument("--samples", type=int, default=None, help="samples per lossless sampler")
+    v.add_argument("--samples", type=int, default=None,
+                   help="samples per lossless sampler (default: planned per row from the exact laws)")
+    v.add_argument("--workers", type=int, default=None,
+                   help="processes running rows side by side (default: one per core up to 4 on a CPU, 1 on a GPU)")
     v.add_argument("--length", type=int, default=None,
                    help="new tokens per sample for every row (default: each row's window, K + 2 for "
                         "speculative rows so every draft position and the bonus token are tested)")

@@ -35,6 +35,7 @@ class ModelPair:
     vocab_size: int
     device: torch.device
     identity: dict = field(default_factory=dict)  # names and sha256s, recorded in sample metadata
+    recipe: dict = field(default_factory=dict)  # load_pair's arguments: load_pair(**recipe) loads this pair again
 
     def encode(self, text: str) -> torch.Tensor:
         """Prompt text -> 1-D int64 ids (no special tokens added)."""
@@ -126,7 +127,10 @@ def load_pair(name: str | None = None, *, target: str | None = None, draft: str 
                                  f"tokenizer's {vocab_size} tokens")
     identity.setdefault("target_sha256", _weights_digest(target))
     identity.setdefault("draft_sha256", _weights_digest(draft))
-    return ModelPair(target_model, draft_model, target_tok, vocab_size, device, identity)
+    recipe = {"name": name} if name is not None else {"target": target, "draft": draft,
+                                                         "trust_remote_code": trust_remote_code}
+    return ModelPair(target_model, draft_model, target_tok, vocab_size, device, identity,
+                     {**recipe, "device": str(device), "dtype": dtype})
 
 
 def check_same_vocabulary(target_tok, draft_tok, target_name="target", draft_name="draft") -> int:

@@ -814,6 +814,51 @@ def plan_tv_bound_samples(p, eps: float, confidence: float = 0.99) -> dict[str, 
 # ------------------------------------------------------------------------------------------ planning
 
 
+def plan_bound_by_simulation(p, eps: float, *, confidence: float = 0.99, assurance: float = 0.999,
+                             draws: int = 200, rng: np.random.Generator | None = None,
+                             precision: float = 0.05) -> int:
+    """Samples m at which a correct sampler's :func:`tv_upper_bound` is below ε with probability at
+    least ``assurance``, found by simulation from p itself.
+
+    For each candidate m, ``draws`` samples of m i.i.d. draws from p give the bound's mean and sd;
+    m passes when mean + z_assurance · sd <= ε (the bound's upper tail is lighter than the normal's
+    on the laws tried, so this errs toward more samples). Doubling, then bisection on log m to
+    ``precision``. Unlike :func:`plan_tv_bound_samples` (the bound at its expectation under H0, which
+    the simulated mean exceeds by ≈ 10% on the bundled target's laws), this sizes a run so that a
+    correct sampler's verdict is *equivalent* except with probability about 1 − assurance.
+
+    >>> p = np.full(100, 0.01)
+    >>> m = plan_bound_by_simulation(p, 0.05, rng=np.random.default_rng(0))
+    >>> rng = np.random.default_rng(1)
+    >>> max(tv_upper_bound(rng.multinomial(m, p), p).upper for _ in range(200)) <= 0.05
+    True
+    """
+    p = np.asarray(p, dtype=np.float64)
+    if not 0 < eps < 1:
+        raise ValueError(f"eps must lie in (0, 1), got {eps!r}")
+    if not 0.5 < assurance < 1:
+        raise ValueError(f"assurance must lie in (0.5, 1), got {assurance!r}")
+    rng = np.random.default_rng() if rng is None else rng
+    z = sps.norm.isf(1 - assurance)
+
+    def ok(m: int) -> bool:
+        bounds = np.array([tv_upper_bound(rng.multinomial(m, p), p, confidence=confidence).upper
+                           for _ in range(draws)])
+        return bounds.mean() + z * bounds.std(ddof=1) <= eps
+
+    lo, hi = 0, 1000
+    while not ok(hi):
+        lo, hi = hi, hi * 2
+        if hi > 2 ** 30:
+            raise ValueError(f"no sample size up to 2^30 gets the TV bound below eps = {eps}")
+    while lo and hi / lo > 1 + precision:
+        mid = int(np.sqrt(lo * hi))
+        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+    return int(hi)
+
+
+
+
 def power_chisquare(m: int, eps: float, n_bins: int, alpha: float = 0.01) -> float:
     """Power of the Pearson test with n_bins cells against the worst case at TV ε.
 

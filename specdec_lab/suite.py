@@ -62,57 +62,93 @@ def frequent_prefixes(tokens: np.ndarray, min_count: int) -> dict:
     return found
 
 
+@dataclass
+class TwoTokenLaw:
+    """The target's exact law of the first two tokens after a prompt, and the target's cache after
+    each (prompt, first token): where every longer scoring forward starts."""
+
+    first: np.ndarray  # (V,) p(x1 | prompt)
+    cond: np.ndarray  # (V, V) row x1: p(x2 | prompt, x1)
+    decoder: Decoder  # V chains, chain x1 holding the prompt and x1
+
+    @property
+    def joint(self) -> np.ndarray:
+        """(V * V,) the joint law, cell x1 * V + x2."""
+        return (self.first[:, None] * self.cond).reshape(-1)
+
+
 @torch.no_grad()
-def pair_law(pair, prompt_ids: torch.Tensor, sampling: SamplingConfig) -> np.ndarray:
-    """Exact joint law (V * V,) of the first two tokens after the prompt, cell x1 * V + x2: one
-    forward of V chains, each the prompt followed by one candidate first token."""
+def two_token_law(pair, prompt_ids: torch.Tensor, sampling: SamplingConfig) -> TwoTokenLaw:
+    """One forward of V chains, each the prompt followed by one candidate first token."""
     V = pair.vocab_size
     decoder = Decoder(pair.target, V, V, pair.device)
     decoder.prefill(prompt_ids[:-1])
     inputs = torch.stack([prompt_ids[-1:].to(pair.device).expand(V), torch.arange(V, device=pair.device)], 1)
     p = to_probs(decoder.feed(inputs), sampling).double().cpu()  # (V, 2, V)
-    return (p[0, 0][:, None] * p[:, 1]).reshape(-1).numpy()  # (V * V,)
+    return TwoTokenLaw(p[0, 0].numpy(), p[:, 1].numpy(), decoder)
+
+
+def pair_law(pair, prompt_ids: torch.Tensor, sampling: SamplingConfig) -> np.ndarray:
+    """Exact joint law (V * V,) of the first two tokens after the prompt, cell x1 * V + x2."""
+    return two_token_law(pair, prompt_ids, sampling).joint
+
+
+def _position_scores(p: np.ndarray | torch.Tensor, x) -> dict:
+    """p_x, cdf_below, entropy, varentropy of tokens x (...) under their laws p (..., V)."""
+    p, x = torch.as_tensor(p), torch.as_tensor(x)
+    p_x = p.gather(-1, x[..., None]).squeeze(-1)
+    below = (torch.cumsum(p, dim=-1) - p).gather(-1, x[..., None]).squeeze(-1)
+    logp = torch.where(p > 0, torch.log(torch.where(p > 0, p, 1.0)), 0.0)
+    entropy = -(p * logp).sum(-1)
+    varentropy = (p * logp ** 2).sum(-1) - entropy ** 2
+    return {"p_x": p_x, "cdf_below": below, "entropy": entropy, "varentropy": varentropy}
+
+
+def _first_two(tokens: np.ndarray, first: np.ndarray, cond: np.ndarray, min_count: int):
+    """Scores of positions 1 and 2 (N, min(2, L)) read off the exact tables (first (V,), cond
+    (V, V)), and the laws of the frequent one-token prefixes."""
+    N, L = len(tokens), min(2, tokens.shape[1])
+    tables = torch.as_tensor(np.concatenate([first[None], cond]))  # (1 + V, V): row 0 the first law, row 1 + x1 the second
+    per_row = _position_scores(tables, torch.zeros(len(tables), dtype=torch.long))
+    below = torch.cumsum(tables, dim=-1) - tables  # (1 + V, V)
+    rows = np.stack([np.zeros(N, dtype=np.int64), 1 + tokens[:, 0]], axis=1)[:, :L]  # (N, L) table row per position
+    x = tokens[:, :L]
+    out = {"p_x": tables.numpy()[rows, x], "cdf_below": below.numpy()[rows, x],
+           "entropy": per_row["entropy"].numpy()[rows], "varentropy": per_row["varentropy"].numpy()[rows]}
+    prefix_laws = {(1, (int(v),)): cond[v] for v in frequent_first(tokens, min_count)} if L == 2 else {}
+    return out, prefix_laws
 
 
 @torch.no_grad()
 def score(pair, prompt_ids: torch.Tensor, tokens: np.ndarray, sampling: SamplingConfig,
-          min_prefix_count: int = 200, chunk: int = 1024, joint: np.ndarray | None = None) -> Scores:
+          min_prefix_count: int = 200, chunk: int = 1024, law: TwoTokenLaw | None = None) -> Scores:
     """Score sampled tokens (N, L) under the exact target law p (after ``sampling``).
 
-    ``joint``: the two-token law from :func:`pair_law` when the caller already has it (rows that
-    share a prompt and sampling settings share it); computed here when L >= 2 and not given."""
+    Positions 1 and 2 are read off the exact two-token law (``law``, computed here when not given;
+    rows that share a prompt and settings share it); positions 3..L come from one target forward
+    per chunk of samples, started from the law's cache after (prompt, x1), so only x2..x_{L-1} are fed."""
     N, L = tokens.shape
-    wanted = frequent_prefixes(tokens, min_prefix_count)
-    by_row = {}
-    for key, row in wanted.items():
-        by_row.setdefault(row, []).append(key)
-    out = {name: np.empty((N, L)) for name in ("p_x", "cdf_below", "entropy", "varentropy")}
-    prefix_laws, first_law = {}, None
-    x_all = torch.tensor(np.asarray(tokens), dtype=torch.long)
-    for start in range(0, N, chunk):
-        x = x_all[start:start + chunk].to(pair.device)  # (n, L)
-        n = len(x)
-        decoder = Decoder(pair.target, pair.vocab_size, n, pair.device)
-        decoder.prefill(prompt_ids[:-1])
-        inputs = torch.cat([prompt_ids[-1:].to(pair.device).expand(n, 1), x[:, :-1]], dim=1)  # (n, L)
-        p = to_probs(decoder.feed(inputs), sampling)  # (n, L, V)
-        p_x = p.gather(-1, x[..., None]).squeeze(-1)  # (n, L)
-        below = (torch.cumsum(p, dim=-1) - p).gather(-1, x[..., None]).squeeze(-1)
-        logp = torch.where(p > 0, torch.log(torch.where(p > 0, p, 1.0)), 0.0)
-        entropy = -(p * logp).sum(-1)
-        varentropy = (p * logp ** 2).sum(-1) - entropy ** 2
-        for name, value in (("p_x", p_x), ("cdf_below", below), ("entropy", entropy),
-                            ("varentropy", varentropy)):
-            out[name][start:start + n] = value.cpu().numpy()
-        if first_law is None:
-            first_law = p[0, 0].cpu().numpy()
-        for row in (r for r in by_row if start <= r < start + n):
-            for key in by_row[row]:
-                prefix_laws[key] = p[row - start, key[0]].cpu().numpy()
-    if L >= 2 and joint is None:
-        joint = pair_law(pair, prompt_ids, sampling)
-    return Scores(out["p_x"], out["cdf_below"], out["entropy"], out["varentropy"], first_law, prefix_laws,
-                  joint if L >= 2 else None)
+    law = two_token_law(pair, prompt_ids, sampling) if law is None else law
+    out, prefix_laws = _first_two(tokens, law.first, law.cond, min_prefix_count)
+    if L > 2:
+        wanted = {key: row for key, row in frequent_prefixes(tokens, min_prefix_count).items() if key[0] >= 2}
+        by_row = {}
+        for key, row in wanted.items():
+            by_row.setdefault(row, []).append(key)
+        later = {name: np.empty((N, L - 2)) for name in out}
+        x_all = torch.tensor(np.asarray(tokens), dtype=torch.long)
+        for start in range(0, N, chunk):
+            x = x_all[start:start + chunk].to(pair.device)  # (n, L)
+            decoder = law.decoder.branch(x[:, 0])  # n chains: the prompt and each sample's x1
+            p = to_probs(decoder.feed(x[:, 1:-1]), sampling)  # (n, L - 2, V): positions 3..L
+            for name, value in _position_scores(p, x[:, 2:]).items():
+                later[name][start:start + len(x)] = value.cpu().numpy()
+            for row in (r for r in by_row if start <= r < start + len(x)):
+                for key in by_row[row]:
+                    prefix_laws[key] = p[row - start, key[0] - 2].cpu().numpy()
+        out = {name: np.concatenate([out[name], later[name]], axis=1) for name in out}
+    return Scores(out["p_x"], out["cdf_below"], out["entropy"], out["varentropy"], law.first, prefix_laws,
+                  law.joint if L >= 2 else None)
 
 
 def draw_pairs(pair_law_: np.ndarray, m: int, rng: np.random.Generator) -> np.ndarray:
@@ -126,22 +162,13 @@ def draw_pairs(pair_law_: np.ndarray, m: int, rng: np.random.Generator) -> np.nd
 def scores_from_law(tokens: np.ndarray, target_pair_law: np.ndarray, min_prefix_count: int = 200) -> Scores:
     """The :class:`Scores` of two-token samples (N, 2), read off the target's exact joint law
     (V * V,) instead of a model forward: what :func:`score` returns for the same tokens."""
-    N, L = tokens.shape
-    if L != 2:
-        raise ValueError(f"scores_from_law scores two-token samples, got L = {L}")
+    if tokens.shape[1] != 2:
+        raise ValueError(f"scores_from_law scores two-token samples, got L = {tokens.shape[1]}")
     V = int(round(np.sqrt(len(target_pair_law))))
     joint = target_pair_law.reshape(V, V)
     first = joint.sum(1)  # (V,)
     cond = joint / np.where(first > 0, first, 1.0)[:, None]  # (V, V) p(x2 | x1)
-    tables = np.concatenate([first[None], cond])  # (1 + V, V): row 0 the first law, row 1 + x1 the second
-    logp = np.log(np.where(tables > 0, tables, 1.0))
-    entropy = -(tables * logp).sum(1)  # (1 + V,)
-    varentropy = (tables * logp ** 2).sum(1) - entropy ** 2
-    below = np.cumsum(tables, axis=1) - tables  # (1 + V, V)
-    rows = np.stack([np.zeros(N, dtype=np.int64), 1 + tokens[:, 0]], axis=1)  # (N, 2) table row per position
-    out = {"p_x": tables[rows, tokens], "cdf_below": below[rows, tokens], "entropy": entropy[rows],
-           "varentropy": varentropy[rows]}
-    prefix_laws = {(1, (int(x),)): cond[x] for x in frequent_first(tokens, min_prefix_count)}
+    out, prefix_laws = _first_two(tokens, first, cond, min_prefix_count)
     return Scores(out["p_x"], out["cdf_below"], out["entropy"], out["varentropy"], first, prefix_laws,
                   target_pair_law)
 

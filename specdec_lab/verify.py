@@ -17,7 +17,10 @@ cover). ``--length L`` sets one L for every row instead.
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -26,6 +29,7 @@ import torch
 
 from specdec_lab import exact, report, stats
 from specdec_lab.collect import collect
+from specdec_lab.models import load_pair
 from specdec_lab.sampling import SamplingConfig
 from specdec_lab.samplers.faulty import FAULTY, TREE_FAULTY, OverlappingStreams
 from specdec_lab.samplers.medusa import MedusaConfig, heads_for, medusa_rates
@@ -33,12 +37,12 @@ from specdec_lab.samplers.naive import NaiveConfig
 from specdec_lab.samplers.rules import POINT_MASS
 from specdec_lab.samplers.speculative import SpeculativeConfig
 from specdec_lab.samplers.tree import Tree
-from specdec_lab.suite import SuiteSettings, pair_law, run_suite, score
+from specdec_lab.suite import SuiteSettings, run_suite, score, two_token_law
 
 
 @dataclass(frozen=True)
 class Scale:
-    correct_samples: int  # per correct sampler: sized so the TV bound reaches the tolerance
+    correct_samples: int | None  # per correct sampler; None: planned per row (see plan_samples)
     faulty_samples: int  # per negative control: enough to reject the smallest planted effect
     length: int | None  # new tokens per sample; None: each row's own window (see window_length)
     tolerance: float  # ε of the equivalence verdict (first-token TV bound)
@@ -48,19 +52,22 @@ class Scale:
     medusa_lossless: tuple = ("rejection_iid",)
     medusa: bool = True  # run the Medusa rows at all (smoke: off, it checks the pipeline quickly)
     n_resamples: int = 5000  # Monte Carlo draws per calibrated test (ADK, collisions): p-values down to 2e-4
+    assurance: float = 0.999  # planned sizes: a correct row's bounds reach their tolerances with this probability
 
 
-# Sample sizes: stats.plan_tv_bound_samples on the bundled target's laws after DEFAULT_PROMPT says a
-# correct sampler's expected combined bound reaches 0.02 on the first token at m ≈ 30,000, 0.01 at
-# ≈ 144,000; on the first two tokens' joint law 0.025 at ≈ 169,000, 0.02 at ≈ 278,000 and 0.01 at
-# ≈ 1.29 M (out of reach on a CPU). The bound fluctuates around its expectation (its χ² part by ~1.35x
-# at +2.3 sd), so the scales keep a margin of about 2x in m over the planned value for each bound
-# they rest on.
+# Sample sizes. A lossless row's m is planned from the exact law after its prompt at its settings
+# (stats.plan_bound_by_simulation): the smallest m at which a correct sampler's bound is below the
+# tolerance with probability 0.999, so each lossless row turns out inconclusive with probability
+# about 0.001. On the bundled pair that gives, for the first-token bound at 0.02, m ≈ 70,000 at T = 1
+# after "ROMEO:\n", 54,000 at T = 0.7, 40,000 with top-p 0.9 and 61,000 at T = 1 after "ROMEO.\n"
+# (the Medusa rows); at 0.01 about 4x that; for the joint two-token bound at 0.025, 470,000 at T = 1.
+# (stats.plan_tv_bound_samples, the bound at its expectation, says 30,000 for the first: the
+# simulated mean is ≈ 10% above that expectation and the bound spreads by ≈ 15% sd.)
 SCALES = {
     "smoke": Scale(1_000, 2_000, None, 0.02, medusa=False, n_resamples=999),  # tests the pipeline, lossless verdicts inconclusive
-    "default": Scale(80_000, 10_000, None, 0.02),  # first-token bound <= 0.02; joint bound reported
+    "default": Scale(None, 10_000, None, 0.02),  # first-token bound <= 0.02; joint bound reported
     # full: the verdict rests on the joint bound too (<= 0.025 on the first two tokens, <= 0.01 on the first)
-    "full": Scale(320_000, 20_000, None, 0.01, 0.025, ("rejection_iid", "rejection_topk")),
+    "full": Scale(None, 20_000, None, 0.01, 0.025, ("rejection_iid", "rejection_topk")),
 }
 
 DEFAULT_PROMPT = "ROMEO:\n"
@@ -87,12 +94,15 @@ class VerifyOptions:
     progress: bool = True
     medusa: bool | None = None  # Medusa rows (need the bundled heads); None: on for the bundled pair in run_verify
     length: int | None = None  # new tokens per sample for every row; None: the scale's, else each row's window
+    workers: int | None = None  # processes running rows side by side; None: default_workers
 
     def __post_init__(self) -> None:
         if self.scale not in SCALES:
             raise ValueError(f"unknown scale {self.scale!r}; valid scales: {', '.join(SCALES)}")
         if self.length is not None and (not isinstance(self.length, int) or self.length < 1):
             raise ValueError(f"length must be an integer >= 1, got {self.length!r}")
+        if self.workers is not None and (not isinstance(self.workers, int) or self.workers < 1):
+            raise ValueError(f"workers must be an integer >= 1, got {self.workers!r}")
 
 
 def _base(sampler):
@@ -186,66 +196,167 @@ def exact_tv(pair, prompt_ids: torch.Tensor, sampler, length: int) -> float:
     return law.tv
 
 
+@dataclass(frozen=True)
+class Row:
+    """One sampler of the run, with everything a worker process needs to run it alone."""
+
+    index: int
+    name: str
+    sampler: object
+    lossless: bool
+    n: int
+    length: int
+    prompt: str
+
+
+def plan_samples(pair, options: VerifyOptions) -> dict:
+    """(prompt, sampling) -> m for the lossless rows: the smallest m at which a correct sampler's
+    first-token bound (and, with a joint tolerance, its joint two-token bound) is below the tolerance
+    with probability ``Scale.assurance``, by :func:`stats.plan_bound_by_simulation` on the exact laws
+    after that prompt at those settings. Empty when the scale or ``--samples`` fixes m."""
+    scale = SCALES[options.scale]
+    if options.samples or scale.correct_samples:
+        return {}
+    keys = {(_prompt_of(s, options), s.sampling) for _, s, lossless in samplers_to_run(options) if lossless}
+    plan = {}
+    for prompt, sampling in sorted(keys, key=repr):
+        law = two_token_law(pair, pair.encode(prompt), sampling)
+        rng = np.random.default_rng([options.seed, len(plan)])
+        m = stats.plan_bound_by_simulation(law.first, scale.tolerance, assurance=scale.assurance, rng=rng)
+        if scale.joint_tolerance:
+            m = max(m, stats.plan_bound_by_simulation(law.joint, scale.joint_tolerance,
+                                                      assurance=scale.assurance, rng=rng))
+        plan[(prompt, sampling)] = m
+    return plan
+
+
+def _prompt_of(sampler, options: VerifyOptions) -> str:
+    return options.medusa_prompt if isinstance(sampler, MedusaConfig) else options.prompt
+
+
+def rows_to_run(pair, options: VerifyOptions) -> list[Row]:
+    """Every row with its sample size and window: lossless rows at ``--samples``, the scale's fixed
+    size or the planned one (:func:`plan_samples`); negative controls at the scale's size."""
+    scale, plan = SCALES[options.scale], plan_samples(pair, options)
+    rows = []
+    for index, (name, sampler, lossless) in enumerate(samplers_to_run(options)):
+        prompt = _prompt_of(sampler, options)
+        if not lossless:
+            n = scale.faulty_samples
+        else:
+            n = options.samples or scale.correct_samples or plan[(prompt, sampler.sampling)]
+        rows.append(Row(index, name, sampler, lossless, n, row_length(sampler, options), prompt))
+    return rows
+
+
+def run_row(pair, row: Row, options: VerifyOptions, settings: SuiteSettings, folder: Path) -> dict:
+    """Collect one row's samples, score them, run the suite: the row's report entry and figure inputs.
+    Its random streams come from (seed, row index) alone, so it runs the same in any worker."""
+    started = time.time()
+    prompt_ids = pair.encode(row.prompt)
+    file = folder / "samples" / f"{row.index:02d}-{_slug(row.name)}.parquet"
+    samples = collect(pair, row.sampler, row.prompt, row.n, row.length, options.seed + row.index, file,
+                      progress=options.progress and options.workers == 1)
+    tokens = samples.tokens()
+    law = two_token_law(pair, prompt_ids, row.sampler.sampling)
+    scores = score(pair, prompt_ids, tokens, row.sampler.sampling, settings.min_prefix_count, law=law)
+    rng = np.random.default_rng([options.seed, row.index])
+    suite = run_suite(row.name, tokens, scores, settings, rng)
+    run_stats = samples.meta.get("stats")
+    if isinstance(row.sampler, MedusaConfig) and run_stats:  # rates from the merged counts
+        run_stats = medusa_rates(run_stats, row.sampler.tree.depth)
+    seconds = time.time() - started
+    entry = {"suite": suite, "lossless": row.lossless, "stats": run_stats,
+             "exact_tv": exact_tv(pair, prompt_ids, row.sampler, row.length),
+             "uncovered": uncovered(row.sampler, row.length), "seconds": seconds}
+    return {"entry": entry, "first_law": scores.first_law,
+            "first_counts": np.bincount(tokens[:, 0], minlength=pair.vocab_size) / len(tokens),
+            "pit": stats.randomized_pit(scores.cdf_below, scores.p_x, rng), "seconds": seconds}
+
+
+_WORKER: dict = {}
+
+
+def _start_worker(recipe: dict, threads: int) -> None:
+    torch.set_num_threads(threads)
+    _WORKER["pair"] = load_pair(**recipe)
+
+
+def _run_in_worker(job) -> dict:
+    return run_row(_WORKER["pair"], *job)
+
+
+def run_rows(pair, rows: list[Row], options: VerifyOptions, settings: SuiteSettings, folder: Path):
+    """(row, result) for every row as it finishes. With ``options.workers`` > 1 the rows run side by
+    side in that many processes (spawned, each loading the pair again from ``pair.recipe``, with
+    cores / workers threads), the costliest first; samples and verdicts are the same as one by one."""
+    if options.workers == 1:
+        for row in rows:
+            yield row, run_row(pair, row, options, settings, folder)
+        return
+    threads = max(1, (os.cpu_count() or 1) // options.workers)
+    by_cost = sorted(rows, key=lambda r: -r.n * r.length * (1 if isinstance(r.sampler, NaiveConfig) else 5))
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(options.workers, context, _start_worker, (pair.recipe, threads)) as pool:
+        futures = {pool.submit(_run_in_worker, (row, options, settings, folder)): row for row in by_cost}
+        for future in as_completed(futures):
+            yield futures[future], future.result()
+
+
 def run_verify(pair, options: VerifyOptions) -> dict:
-    """Run everything; return {"summary", "table", "folder", "passed"}."""
+    """Run everything; return {"summary", "table", "folder", "passed", "seconds"}."""
+    began = time.time()
     scale = SCALES[options.scale]
     bundled = pair.identity.get("pair") == "bundled"
-    options = replace(options, medusa=bundled if options.medusa is None else options.medusa and bundled)
+    options = replace(options, medusa=bundled if options.medusa is None else options.medusa and bundled,
+                      workers=options.workers or default_workers(pair))
     folder = options.out / time.strftime("%Y%m%d-%H%M%S")
     (folder / "samples").mkdir(parents=True, exist_ok=True)
     settings = SuiteSettings(tolerance=scale.tolerance, joint_tolerance=scale.joint_tolerance,
                              n_resamples=scale.n_resamples)
-    rng = np.random.default_rng(options.seed)
-    entries, first_laws, pits, joints = [], {}, {}, {}
-    for index, (name, sampler, lossless) in enumerate(samplers_to_run(options)):
-        n = (options.samples or scale.correct_samples) if lossless else scale.faulty_samples
-        length = row_length(sampler, options)
-        file = folder / "samples" / f"{index:02d}-{_slug(name)}.parquet"
-        started = time.time()
-        prompt = options.medusa_prompt if isinstance(sampler, MedusaConfig) else options.prompt
-        prompt_ids = pair.encode(prompt)
-        samples = collect(pair, sampler, prompt, n, length, options.seed + index, file,
-                          progress=options.progress)
-        tokens = samples.tokens()
-        key = (prompt, sampler.sampling)  # rows sharing a prompt and settings share the enumerated law
-        if length >= 2 and key not in joints:
-            joints[key] = pair_law(pair, prompt_ids, sampler.sampling)
-        scores = score(pair, prompt_ids, tokens, sampler.sampling, settings.min_prefix_count,
-                       joint=joints.get(key))
-        suite = run_suite(name, tokens, scores, settings, rng)
-        run_stats = samples.meta.get("stats")
-        if isinstance(sampler, MedusaConfig) and run_stats:  # rates from the merged counts
-            run_stats = medusa_rates(run_stats, sampler.tree.depth)
-        entries.append({"suite": suite, "lossless": lossless, "stats": run_stats,
-                        "exact_tv": exact_tv(pair, prompt_ids, sampler, length),
-                        "uncovered": uncovered(sampler, length)})
-        if index == 0:  # the naive run is scored at the base settings: its first law is the target's
-            exact_first = scores.first_law
-        # figures: naive and the first speculative run beside the negative controls
-        if index < 2 or name in ("faulty: residual_from_p", "faulty: always_accept"):
-            first_laws[name] = np.bincount(tokens[:, 0], minlength=pair.vocab_size) / len(tokens)
-        if index < 2 or (not lossless and len(pits) < 8):
-            pits[name] = stats.randomized_pit(scores.cdf_below, scores.p_x, rng)
+    rows = rows_to_run(pair, options)
+    if options.progress:
+        print(f"  {len(rows)} rows on {options.workers} worker(s); planned in {time.time() - began:.0f}s", flush=True)
+    results = {}
+    for row, result in run_rows(pair, rows, options, settings, folder):
+        results[row.index] = result
         if options.progress:
-            print(f"  {name:<42} m={n:<7} L={length:<2} {suite.verdict:<12} ({time.time() - started:.0f}s)",
-                  flush=True)
+            suite = result["entry"]["suite"]
+            print(f"  {row.name:<42} m={row.n:<7} L={row.length:<2} {suite.verdict:<12} "
+                  f"({result['seconds']:.0f}s)", flush=True)
+    ordered = [(row, results[row.index]) for row in rows]
+    entries = [result["entry"] for _, result in ordered]
+    # figures: naive and the first speculative run beside the negative controls
+    first_laws = {row.name: result["first_counts"] for row, result in ordered
+                  if row.index < 2 or row.name in ("faulty: residual_from_p", "faulty: always_accept")}
+    pits = {row.name: result["pit"] for row, result in ordered if row.index < 2 or not row.lossless}
+    pits = dict(list(pits.items())[:10])
     summary = report.summary_table(entries)
     table = report.verdict_table(entries)
     report.plot_tv_bounds(summary, scale.tolerance, folder / "tv_bounds.png")
-    report.plot_first_token(first_laws, exact_first, folder / "first_token.png")
+    report.plot_first_token(first_laws, ordered[0][1]["first_law"], folder / "first_token.png")
     report.plot_pit(pits, folder / "pit.png")
     passed = bool(summary["correct call"].all())
-    _write_markdown(folder, summary, table, options, scale, pair, passed)
+    seconds = time.time() - began
+    _write_markdown(folder, summary, table, options, scale, pair, passed, seconds)
     summary.to_csv(folder / "summary.csv", index=False)
     table.to_csv(folder / "tests.csv", index=False)
-    return {"summary": summary, "table": table, "folder": folder, "passed": passed}
+    return {"summary": summary, "table": table, "folder": folder, "passed": passed, "seconds": seconds}
+
+
+def default_workers(pair) -> int:
+    """Processes for the rows: on a CPU, one per core up to 4 (two single-threaded processes gave
+    1.26x the samples/s of one two-threaded process on a 2-core machine); on an accelerator, 1."""
+    if pair.device.type != "cpu":
+        return 1
+    return max(1, min(4, os.cpu_count() or 1))
 
 
 def _slug(name: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in name).strip("-").lower()
 
 
-def _write_markdown(folder, summary, table, options, scale, pair, passed) -> None:
+def _write_markdown(folder, summary, table, options, scale, pair, passed, seconds) -> None:
     lines = [
         "# specdec-lab verify",
         "",
@@ -255,7 +366,10 @@ def _write_markdown(folder, summary, table, options, scale, pair, passed) -> Non
         f"K = {options.k}, seed {options.seed}, scale `{options.scale}`, ε = {scale.tolerance:g} on the first token"
         + (f" and {scale.joint_tolerance:g} on the first two tokens' joint law" if scale.joint_tolerance else
            " (the joint two-token bound is reported)")
-        + ", α = 0.01 per sampler (Holm across its tests).",
+        + ", α = 0.01 per sampler (Holm across its tests). "
+        + ("Lossless rows' m planned from the exact laws (bounds within tolerance with probability "
+           f"{scale.assurance:g}). " if not (options.samples or scale.correct_samples) else "")
+        + f"Wall time {seconds / 60:.1f} min, {options.workers} worker process(es).",
         "",
         f"**Overall: {'PASS' if passed else 'FAIL'}** — every lossless sampler must be *equivalent*, "
         "every negative control *rejected*.",

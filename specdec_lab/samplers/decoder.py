@@ -92,6 +92,14 @@ class SlotCache:
         self.keys = [k[: len(rows)] for k in self.keys]
         self.values = [v[: len(rows)] for v in self.values]
 
+    def gathered(self, rows: torch.Tensor) -> "SlotCache":
+        """A new cache whose chain i is a copy of chain rows[i] (rows may repeat)."""
+        out = SlotCache.__new__(SlotCache)
+        out.keys = [k[rows] for k in self.keys]
+        out.values = [v[rows] for v in self.values]
+        out.length, out.shared = self.length, self.shared
+        return out
+
     def repeat(self, batch: int) -> None:
         """Copy a one-chain cache (1, H, capacity, D) to ``batch`` chains (the filled slots only)."""
         self.keys = [_moved(k, k.shape[2], self.length, batch) for k in self.keys]
@@ -232,6 +240,13 @@ class Decoder:
         """Keep only the chains at ``rows`` (B',): finished chains leave the batch."""
         self.cache.select(rows)
         self.valid = self.valid[rows]
+
+    def branch(self, rows: torch.Tensor) -> "Decoder":
+        """A new decoder of len(rows) chains, chain i continuing a copy of this one's chain rows[i]
+        (rows may repeat): many continuations of a few shared contexts without feeding them again."""
+        new = Decoder(self.model, self.vocab_size, len(rows), self.device)
+        new.cache, new.valid = self.cache.gathered(rows), self.valid[rows]
+        return new
 
     @torch.no_grad()
     def prefill(self, prompt: torch.Tensor, hidden: bool = False, room: int = HEADROOM):
