@@ -1,19 +1,25 @@
-# Every target creates .venv from requirements.txt when it is missing; re-running is a no-op.
+# Every target creates .venv when it is missing; re-running is a no-op. `make verify` installs only
+# requirements-core.txt (the library: a quicker first run); every other target the whole requirements.txt.
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
+CORE_STAMP := $(VENV)/.core-installed
 STAMP := $(VENV)/.installed
 
 .PHONY: verify test bench train train-medusa train-eagle clean-venv notebooks lab browser llama-cpp vllm
 
-$(STAMP): requirements.txt pyproject.toml
+$(CORE_STAMP): requirements-core.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -r requirements.txt
+	$(BIN)/python -m pip install --quiet -r requirements-core.txt
 	$(BIN)/python -m pip install --quiet --no-deps -e .
+	touch $(CORE_STAMP)
+
+$(STAMP): requirements.txt $(CORE_STAMP)
+	$(BIN)/python -m pip install --quiet -r requirements.txt
 	touch $(STAMP)
 
-verify: $(STAMP)
+verify: $(CORE_STAMP)
 	$(BIN)/specdec-lab verify $(ARGS)
 
 # Throughput vs HF generate / assisted generation, work per token, batch-1 latency, peak RSS

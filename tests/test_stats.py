@@ -370,3 +370,25 @@ def test_uniformity_meta_test_flags_miscalibration():
     rng = np.random.default_rng(0)
     assert stats.uniformity_test(rng.random(300)).pvalue > 1e-3
     assert stats.uniformity_test(rng.random(300) ** 2).pvalue < 1e-3
+
+
+class TestPlanBySimulation:
+    """The planner's m makes a correct sampler's bound land below ε as often as it promises, and is
+    not padded: at a third of that m the bound usually misses ε."""
+
+    @pytest.mark.parametrize("law", ["real", "zipf"])
+    def test_planned_m_reaches_eps_with_its_assurance(self, real_law, law):
+        p = real_law if law == "real" else zipf(512)
+        eps, assurance, reps = 0.04, 0.99, 400
+        m = stats.plan_bound_by_simulation(p, eps, assurance=assurance, rng=np.random.default_rng(0))
+        rng = np.random.default_rng(1)
+        misses = np.mean([stats.tv_upper_bound(rng.multinomial(m, p), p).upper > eps for _ in range(reps)])
+        assert misses <= binomial_slack(1 - assurance, reps)
+        third = np.mean([stats.tv_upper_bound(rng.multinomial(m // 3, p), p).upper > eps for _ in range(100)])
+        assert third > 0.5, (m, third)
+
+    def test_bad_arguments(self, real_law):
+        with pytest.raises(ValueError, match="assurance"):
+            stats.plan_bound_by_simulation(real_law, 0.02, assurance=1.0)
+        with pytest.raises(ValueError, match="eps"):
+            stats.plan_bound_by_simulation(real_law, 0.0)

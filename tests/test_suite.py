@@ -85,6 +85,30 @@ def test_scores_from_the_exact_law_equal_the_model_scores(pair, prompt, target_p
     assert by_model.prefix_laws.keys() == by_law.prefix_laws.keys()
 
 
+def test_score_equals_a_plain_forward(pair, prompt):
+    """Scores read off the two-token law's tables (positions 1-2) and fed from its branched cache
+    (positions 3..L) equal a plain forward of the whole text with no cache, at a setting where
+    every position's law is filtered (T = 0.8, top-p 0.9)."""
+    import torch
+
+    from specdec_lab.sampling import to_probs
+
+    sampling = SamplingConfig(temperature=0.8, top_p=0.9)
+    tokens = sample_naive(pair, prompt, 600, 5, NaiveConfig(sampling), make_generator(3)).tokens.numpy()
+    scores = score(pair, prompt, tokens, sampling, 50, chunk=256)  # several chunks
+    ids = torch.cat([prompt[None].expand(len(tokens), -1), torch.tensor(tokens)], dim=1)
+    with torch.no_grad():
+        logits = pair.target(input_ids=ids).logits[:, len(prompt) - 1:-1, :pair.vocab_size]
+    p = to_probs(logits.double(), sampling)  # (N, 5, V)
+    p_x = p.gather(-1, torch.tensor(tokens)[..., None]).squeeze(-1).numpy()
+    below = (torch.cumsum(p, -1) - p).gather(-1, torch.tensor(tokens)[..., None]).squeeze(-1).numpy()
+    assert np.allclose(scores.p_x, p_x, atol=1e-5) and np.allclose(scores.cdf_below, below, atol=1e-5)
+    assert {t for t, _ in scores.prefix_laws} == {1, 2, 3, 4}
+    for (t, prefix), law in scores.prefix_laws.items():
+        row = next(i for i in range(len(tokens)) if tuple(tokens[i, :t]) == prefix)
+        assert np.allclose(law, p[row, t].numpy(), atol=1e-5), (t, prefix)
+
+
 def test_size_meta_test_on_the_exact_law(target_pairs):
     """The whole suite (joint ADK, collisions and per-position PIT included) on R seeds of samples
     drawn straight from the exact two-token law: rejection rate <= α + binomial slack, and each

@@ -1,0 +1,41 @@
+"""The main job's plumbing: planned sample sizes per row, and rows that run the same in worker
+processes as one by one (the verdicts themselves: `make verify`, and the smoke run in test_cli)."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from specdec_lab.suite import SuiteSettings
+from specdec_lab.verify import VerifyOptions, rows_to_run, run_rows
+
+
+def test_default_scale_plans_each_lossless_row(pair):
+    rows = {row.name: row for row in rows_to_run(pair, VerifyOptions(medusa=False))}
+    assert rows["naive"].n == rows["speculative K=4 T=1"].n == rows["point-mass draft K=4"].n  # one law
+    # a more peaked first-token law needs fewer samples for the same bound
+    assert rows["speculative K=4 top-p=0.9"].n < rows["speculative K=4 T=0.7"].n < rows["naive"].n
+    assert 20_000 < rows["naive"].n < 200_000
+    assert {row.n for row in rows.values() if not row.lossless} == {10_000}
+    fixed = rows_to_run(pair, VerifyOptions(samples=5000, medusa=False))
+    assert {row.n for row in fixed if row.lossless} == {5000}
+
+
+def test_rows_run_the_same_in_worker_processes(pair, tmp_path):
+    options = VerifyOptions(scale="smoke", progress=False, workers=1)
+    rows = [replace(row, n=400) for row in rows_to_run(pair, options)
+            if row.name in ("speculative K=4 T=1", "faulty: always_accept")]
+    settings = SuiteSettings(n_resamples=199)
+    alone = {row.index: r for row, r in run_rows(pair, rows, options, settings, tmp_path / "one")}
+    pooled = {row.index: r for row, r in run_rows(pair, rows, replace(options, workers=2), settings, tmp_path / "two")}
+    assert alone.keys() == pooled.keys() == {row.index for row in rows}
+    for index in alone:
+        a, b = alone[index], pooled[index]
+        assert np.array_equal(a["first_counts"], b["first_counts"]) and np.array_equal(a["pit"], b["pit"])
+        assert a["entry"]["suite"].global_pvalue == b["entry"]["suite"].global_pvalue
+    assert {r["entry"]["suite"].verdict for r in alone.values()} >= {"rejected"}
+
+
+def test_bad_workers_is_a_clear_error():
+    with pytest.raises(ValueError, match="workers must be"):
+        VerifyOptions(workers=0)
