@@ -44,6 +44,7 @@ def summary_table(entries: list[dict]) -> pd.DataFrame:
             and (e["lossless"] or s.verdict == "rejected"),
             "in words": s.verdict_text,
             "window": e.get("uncovered", ""),
+            "seconds": e.get("seconds", np.nan),  # this row's wall time: collect, score, suite
         })
     return pd.DataFrame(rows)
 

@@ -78,7 +78,7 @@ def test_scores_from_the_exact_law_equal_the_model_scores(pair, prompt, target_p
     from specdec_lab.suite import draw_pairs, scores_from_law
 
     tokens = draw_pairs(target_pairs, 1500, np.random.default_rng(0))
-    by_model = score(pair, prompt, tokens, SamplingConfig(), 100, joint=target_pairs)
+    by_model = score(pair, prompt, tokens, SamplingConfig(), 100)
     by_law = scores_from_law(tokens, target_pairs, 100)
     for name in ("p_x", "cdf_below", "entropy", "varentropy"):
         assert np.allclose(getattr(by_model, name), getattr(by_law, name), atol=1e-6), name
@@ -95,7 +95,7 @@ def test_score_equals_a_plain_forward(pair, prompt):
 
     sampling = SamplingConfig(temperature=0.8, top_p=0.9)
     tokens = sample_naive(pair, prompt, 600, 5, NaiveConfig(sampling), make_generator(3)).tokens.numpy()
-    scores = score(pair, prompt, tokens, sampling, 50, chunk=256)  # several chunks
+    scores = score(pair, prompt, tokens, sampling, 5, chunk=256)  # several chunks
     ids = torch.cat([prompt[None].expand(len(tokens), -1), torch.tensor(tokens)], dim=1)
     with torch.no_grad():
         logits = pair.target(input_ids=ids).logits[:, len(prompt) - 1:-1, :pair.vocab_size]
@@ -103,7 +103,7 @@ def test_score_equals_a_plain_forward(pair, prompt):
     p_x = p.gather(-1, torch.tensor(tokens)[..., None]).squeeze(-1).numpy()
     below = (torch.cumsum(p, -1) - p).gather(-1, torch.tensor(tokens)[..., None]).squeeze(-1).numpy()
     assert np.allclose(scores.p_x, p_x, atol=1e-5) and np.allclose(scores.cdf_below, below, atol=1e-5)
-    assert {t for t, _ in scores.prefix_laws} == {1, 2, 3, 4}
+    assert {t for t, _ in scores.prefix_laws} >= {1, 2, 3}  # prefixes seen >= 5 times, after 1-3 tokens
     for (t, prefix), law in scores.prefix_laws.items():
         row = next(i for i in range(len(tokens)) if tuple(tokens[i, :t]) == prefix)
         assert np.allclose(law, p[row, t].numpy(), atol=1e-5), (t, prefix)
