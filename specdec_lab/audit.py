@@ -83,6 +83,7 @@ class AuditResult:
     scored_at: SamplingConfig
     seconds: float
     notes: dict = field(default_factory=dict)
+    collect_seconds: float = float("nan")  # wall time of this call's collection (≈ 0 when a finished file was reloaded)
 
     def summary(self) -> dict:
         """One table row: implementation × settings → verdict, TV bound, samples."""
@@ -105,11 +106,25 @@ class AuditResult:
                 "tokens/pass": per_pass, "refused": stats.get("refused_samples", 0),
                 **speculation_summary(stats),
                 "verdict": s.verdict, "correct call": correct_call(s.verdict, self.expected),
-                "in words": s.verdict_text, "seconds": round(self.seconds, 1)}
+                "in words": s.verdict_text, "seconds": round(self.seconds, 1),
+                "samples/s": samples_per_second(s.m, stats, self.collect_seconds)}
 
     def tests(self) -> pd.DataFrame:
         """Every test's statistic and p-value."""
         return pd.DataFrame(self.suite.rows())
+
+
+def samples_per_second(m: int, stats: dict, collect_seconds: float) -> float:
+    """Throughput of the audited engine: m over the engine's own time where it reports one (vLLM's
+    offline worker: ``engine_seconds``, the generate calls alone), else over this call's collection
+    wall time (requests, retries and the adapter included); NaN for a reloaded file.
+
+    >>> samples_per_second(1000, {"engine_seconds": 2.0}, 9.0), samples_per_second(1000, {}, 4.0)
+    (500.0, 250.0)
+    """
+    if stats.get("engine_seconds"):
+        return m / stats["engine_seconds"]
+    return m / collect_seconds if collect_seconds > 1.0 else float("nan")
 
 
 def correct_call(verdict: str, expected: str) -> bool:
@@ -149,12 +164,14 @@ def audit(pair, sampler, n: int, length: int, path: str | Path, *, prompt: str =
         raise ValueError(f"unknown expectation {expected!r}; valid: {', '.join(EXPECTED)}")
     started = time.time()
     samples = collect(pair, sampler, prompt, n, length, seed, path, batch_size=batch_size, progress=progress)
+    collected = time.time() - started
     tokens = samples.tokens()  # (n, L)
     scored_at = scored_at or sampler.sampling
     name = name or implementation_label(samples.meta["sampler"])
     scores = score(pair, pair.encode(prompt), tokens, scored_at, settings.min_prefix_count)
     suite = run_suite(name, tokens, scores, settings, np.random.default_rng(seed))
-    return AuditResult(name, expected, suite, samples, scored_at, time.time() - started)
+    return AuditResult(name, expected, suite, samples, scored_at, time.time() - started,
+                       collect_seconds=collected)
 
 
 def second_token_bounds(pair, prompt: str, tokens: np.ndarray, sampling: SamplingConfig, top: int = 3,
@@ -367,7 +384,7 @@ def cmd_audit(args) -> int:
             vllm_adapter.close_workers()
     row = result.summary()
     columns = ["implementation", "settings", "L", "m", "TV plug-in", "TV upper 99%", "Holm p", "tokens/pass",
-               "refused", "verdict"]
+               "samples/s", "refused", "verdict"]
     columns[-1:-1] = [c for c in ("speculative steps", "drafted/step", "accepted/step") if c in row]
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 70):
         print(result.tests()[["test", "statistic", "pvalue"]].to_string(index=False, float_format=lambda v: f"{v:.4g}"))

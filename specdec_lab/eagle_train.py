@@ -30,15 +30,14 @@ from __future__ import annotations
 import copy
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from specdec_lab.medusa_train import hidden_and_laws
-from specdec_lab.models import sha256_file
-from specdec_lab.train import TrainSettings, add_to_manifest, encode_corpus, fetch_corpus, fit, script_parser
+from specdec_lab.train import TrainSettings, fit, frozen_target_and_corpus, record_head, script_parser
 
 EAGLE_SUBDIR = "eagle"
 
@@ -152,8 +151,6 @@ def load_head(directory: Path, target_config) -> EagleHead:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     parser = script_parser(__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=EagleSettings.steps)
     args = parser.parse_args(argv)
@@ -161,12 +158,7 @@ def main(argv: list[str] | None = None) -> None:
     began = time.time()
 
     target_dir = args.out / "target"
-    tokenizer = AutoTokenizer.from_pretrained(target_dir)
-    target = AutoModelForCausalLM.from_pretrained(target_dir, use_safetensors=True, dtype=torch.float32).eval()
-    for param in target.parameters():
-        param.requires_grad_(False)
-    train_texts, held_texts, _ = fetch_corpus(args.cache)
-    train_ids, held_ids = encode_corpus(tokenizer, train_texts, held_texts)
+    target, train_ids, held_ids = frozen_target_and_corpus(target_dir, args.cache)
 
     with torch.random.fork_rng():  # transformers initialises weights from the global RNG
         torch.manual_seed(settings.seed)
@@ -183,19 +175,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"after training: {json.dumps(after)}", flush=True)
 
     save_head(head, args.out / EAGLE_SUBDIR, target_dir)
-    entry = {
-        "kind": "EAGLE-1 head in vLLM's EagleLlamaForCausalLM layout (frozen target, shared embedding and lm_head)",
-        "target_sha256": sha256_file(target_dir / "model.safetensors"),
-        "settings": asdict(settings),
-        "parameters": sum(t.numel() for t in head.vllm_state_dict().values()),
-        "tokens_trained": tokens,
-        "held_out_step1": after,
-        "held_out_step1_untrained": before,
-        "torch": torch.__version__,
-        "train_seconds": round(time.time() - began),
-    }
-    add_to_manifest(args.out, EAGLE_SUBDIR, ("config.json", "model.safetensors"), entry)
-    print(json.dumps(entry, indent=2))
+    record_head(args.out, EAGLE_SUBDIR, ("config.json", "model.safetensors"),
+                "EAGLE-1 head in vLLM's EagleLlamaForCausalLM layout (frozen target, shared embedding and lm_head)",
+                target_dir, settings, sum(t.numel() for t in head.vllm_state_dict().values()), tokens,
+                {"held_out_step1": after, "held_out_step1_untrained": before}, began)
 
 
 if __name__ == "__main__":

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from specdec_lab.models import sha256_file
 from specdec_lab.samplers.medusa import MEDUSA_SUBDIR, MedusaHeads, save_heads
-from specdec_lab.train import TrainSettings, add_to_manifest, encode_corpus, fetch_corpus, fit, script_parser
+from specdec_lab.train import TrainSettings, fit, frozen_target_and_corpus, record_head, script_parser
 
 
 @dataclass(frozen=True)
@@ -89,8 +88,6 @@ def head_accuracy(target, heads: MedusaHeads, stream: torch.Tensor, settings: Me
 
 
 def main(argv: list[str] | None = None) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     parser = script_parser(__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=MedusaSettings.steps)
     parser.add_argument("--heads", type=int, default=MedusaSettings.num_heads)
@@ -99,12 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     began = time.time()
 
     target_dir = args.out / "target"
-    tokenizer = AutoTokenizer.from_pretrained(target_dir)
-    target = AutoModelForCausalLM.from_pretrained(target_dir, use_safetensors=True, dtype=torch.float32).eval()
-    for param in target.parameters():
-        param.requires_grad_(False)
-    train_texts, held_texts, _ = fetch_corpus(args.cache)
-    train_ids, held_ids = encode_corpus(tokenizer, train_texts, held_texts)
+    target, train_ids, held_ids = frozen_target_and_corpus(target_dir, args.cache)
 
     with torch.random.fork_rng():
         torch.manual_seed(settings.seed)
@@ -121,19 +113,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"after training: {json.dumps(accuracy)}", flush=True)
 
     save_heads(heads, args.out / MEDUSA_SUBDIR)
-    entry = {
-        "kind": "Medusa-1 heads (frozen target, soft self-distillation)",
-        "target_sha256": sha256_file(target_dir / "model.safetensors"),
-        "settings": asdict(settings),
-        "parameters": sum(p.numel() for p in heads.parameters()),
-        "tokens_trained": tokens,
-        "held_out_accuracy": accuracy,
-        "held_out_accuracy_untrained": before,
-        "torch": torch.__version__,
-        "train_seconds": round(time.time() - began),
-    }
-    add_to_manifest(args.out, MEDUSA_SUBDIR, ("config.json", "heads.safetensors"), entry)
-    print(json.dumps(entry, indent=2))
+    record_head(args.out, MEDUSA_SUBDIR, ("config.json", "heads.safetensors"),
+                "Medusa-1 heads (frozen target, soft self-distillation)", target_dir, settings,
+                sum(p.numel() for p in heads.parameters()), tokens,
+                {"held_out_accuracy": accuracy, "held_out_accuracy_untrained": before}, began)
 
 
 if __name__ == "__main__":

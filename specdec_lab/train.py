@@ -257,6 +257,30 @@ def add_to_manifest(out: Path, subdir: str, names: tuple[str, ...], entry: dict)
     path.write_text(json.dumps(manifest, indent=2) + "\n")
 
 
+def frozen_target_and_corpus(target_dir: Path, cache: Path):
+    """(target with gradients off, train ids, held-out ids): what a head trainer starts from."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    target = AutoModelForCausalLM.from_pretrained(target_dir, use_safetensors=True, dtype=torch.float32).eval()
+    for param in target.parameters():
+        param.requires_grad_(False)
+    train_texts, held_texts, _ = fetch_corpus(cache)
+    return (target, *encode_corpus(tokenizer, train_texts, held_texts))
+
+
+def record_head(out: Path, subdir: str, names: tuple[str, ...], kind: str, target_dir: Path, settings,
+                parameters: int, tokens: int, measured: dict, began: float) -> None:
+    """Write a trained head's manifest entry (what it is, the target it belongs to, its settings,
+    size, training tokens, the ``measured`` held-out numbers, torch version and training time) with
+    its files' sha256s (:func:`add_to_manifest`), and print it."""
+    entry = {"kind": kind, "target_sha256": sha256_file(target_dir / "model.safetensors"),
+             "settings": asdict(settings), "parameters": parameters, "tokens_trained": tokens, **measured,
+             "torch": torch.__version__, "train_seconds": round(time.time() - began)}
+    add_to_manifest(out, subdir, names, entry)
+    print(json.dumps(entry, indent=2))
+
+
 def script_parser(description: str) -> argparse.ArgumentParser:
     """The options every training script shares: where the models go, where the corpus is cached."""
     parser = argparse.ArgumentParser(description=description)
