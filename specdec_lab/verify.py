@@ -13,6 +13,11 @@ positions 1..K, the bonus token at K+1 after K accepts, and the first token of t
 drafted from the carried-over d_K); a Medusa row gets its tree depth + 2; a naive row gets L = 2,
 the two tokens whose joint law is enumerated exactly (naive sampling has no block structure to
 cover). ``--length L`` sets one L for every row instead.
+
+Sample sizes: each lossless row's m is planned from its exact law (:func:`plan_samples`) so that a
+correct row is *equivalent* with probability 0.999; negative controls run at the scale's fixed size.
+Rows run side by side in worker processes (:func:`run_rows`); each row's random streams depend only
+on (seed, row index), so the report does not depend on how many workers ran it.
 """
 
 from __future__ import annotations
