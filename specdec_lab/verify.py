@@ -26,6 +26,7 @@ import multiprocessing
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -302,10 +303,33 @@ def run_rows(pair, rows: list[Row], options: VerifyOptions, settings: SuiteSetti
     threads = max(1, (os.cpu_count() or 1) // options.workers)
     by_cost = sorted(rows, key=lambda r: -r.n * r.length * (1 if isinstance(r.sampler, NaiveConfig) else 5))
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(options.workers, context, _start_worker, (pair.recipe, threads)) as pool:
+    with _environment(WORKER_MALLOC), \
+            ProcessPoolExecutor(options.workers, context, _start_worker, (pair.recipe, threads)) as pool:
         futures = {pool.submit(_run_in_worker, (row, options, settings, folder)): row for row in by_cost}
         for future in as_completed(futures):
             yield futures[future], future.result()
+
+
+# glibc malloc settings of the worker processes (read at process start): allocations below 1 GiB come
+# from the heap and freed memory stays there, instead of a fresh mmap per large tensor (a batch's
+# logits, caches and masks are 1-40 MB each) whose pages fault in on every use. Two single-threaded
+# workers drew 1,207 speculative samples/s with them against 1,047 without (one run each, 2 cores).
+WORKER_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(2 ** 30), "MALLOC_TRIM_THRESHOLD_": str(2 ** 32)}
+
+
+@contextmanager
+def _environment(values: dict):
+    """Set environment variables for the processes started inside the block; restore them after."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def run_verify(pair, options: VerifyOptions) -> dict:
