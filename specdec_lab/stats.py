@@ -235,12 +235,16 @@ def _adk_statistic(counts: np.ndarray, p: np.ndarray, m: int) -> np.ndarray:
 
 
 def _adk_cells(counts, p, floor):
-    """Cells with p above the floor, plus one pooled cell for the rest (when it has mass)."""
+    """Cells with p above the floor, plus one pooled cell for the rest (when it has mass); the cells'
+    law renormalised, because p may sum to 1 ± 1e-9 and numpy's multinomial refuses a cell above 1
+    (all cells pooled into one of mass 1 + 2e-16 once raised in a --scale full run)."""
     keep = p >= floor
     rest = ~keep & (p > 0)
     if rest.any():
-        return np.append(counts[keep], counts[rest].sum()), np.append(p[keep], p[rest].sum())
-    return counts[keep], p[keep]
+        cells_n, cells_p = np.append(counts[keep], counts[rest].sum()), np.append(p[keep], p[rest].sum())
+    else:
+        cells_n, cells_p = counts[keep], p[keep]
+    return cells_n, cells_p / cells_p.sum()
 
 
 def adk_identity(counts, p, *, floor: float | None = None, n_resamples: int = 10_000,
@@ -286,6 +290,8 @@ def adk_identity(counts, p, *, floor: float | None = None, n_resamples: int = 10
     rng = np.random.default_rng() if rng is None else rng
     floor = 1.0 / (10 * m) if floor is None else floor
     cells_n, cells_p = _adk_cells(counts, p, floor)
+    if len(cells_p) < 2:  # every cell below the floor: one pooled cell, which every law fills alike
+        return ADKResult(0.0, 1.0, m, 1, 0)
     z = float(_adk_statistic(cells_n, cells_p, m))
     null = _adk_statistic(rng.multinomial(m, cells_p, size=n_resamples), cells_p, m)
     pvalue = (1 + int((null >= z).sum())) / (n_resamples + 1)

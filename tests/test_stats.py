@@ -113,6 +113,28 @@ class TestADK:
         counts = np.random.default_rng(5).multinomial(20_000, q)
         assert stats.adk_identity(counts, real_law, rng=np.random.default_rng(6)).pvalue < 1e-3
 
+    def test_law_summing_just_above_one(self):
+        # the --scale full crash: a conditional G test's tail of 488 cells, m = 2, every cell below the
+        # floor 1/(10 m), so all pooled into one cell of mass 1 + 2e-16, which numpy's multinomial refused
+        p = np.full(488, 1 / 488)
+        p[0] += 2e-10  # within _counts_and_law's tolerance; the pooled cell is above 1
+        assert p.sum() > 1
+        counts = np.zeros(488, dtype=int)
+        counts[[3, 7]] = 1
+        res = stats.adk_identity(counts, p, rng=np.random.default_rng(0))
+        assert (res.pvalue, res.support) == (1.0, 1)  # one cell carries no evidence
+        many = stats.adk_identity(np.full(488, 5), p, n_resamples=99, rng=np.random.default_rng(0))
+        assert many.support == 488 and 0 < many.pvalue <= 1  # renormalised cells above the floor draw fine
+
+    def test_chisquare_tail_of_tiny_cells(self):
+        # the same through chisquare_identity's tail test, as conditional_tests calls it
+        p = np.r_[0.9, 0.1 * np.random.default_rng(11).dirichlet(np.ones(488))]
+        assert (p[1:] / p[1:].sum()).sum() > 1  # the tail's inside law, as chisquare_identity forms it
+        counts = np.zeros(489, dtype=int)
+        counts[0], counts[[5, 9]] = 400, 1
+        res = stats.chisquare_identity(counts, p, statistic="g", rng=np.random.default_rng(0))
+        assert res.tail_pvalue == 1.0
+
 
 class TestCloseness:
     def test_null_calibrated(self):
