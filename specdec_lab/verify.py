@@ -1,7 +1,7 @@
 """The main job: collect from every sampler, run the suite, write a report, decide.
 
 Correct samplers (naive; speculative K=4 at temperature 1 and 0.7 and with top-p; the point-mass
-draft; Medusa tree verification with both lossless rejection rules) must come out **equivalent**
+draft at K=2; Medusa tree verification with both lossless rejection rules) must come out **equivalent**
 (TV upper bound below ε); every negative control in :data:`specdec_lab.samplers.faulty.FAULTY` and
 :data:`~specdec_lab.samplers.faulty.TREE_FAULTY`, the overlapping-streams control
 (:class:`~specdec_lab.samplers.faulty.OverlappingStreams`) and Medusa's lossy typical acceptance
@@ -17,7 +17,8 @@ cover). ``--length L`` sets one L for every row instead.
 Sample sizes: each lossless row's m is planned from its exact law (:func:`plan_samples`) so that a
 correct row is *equivalent* with probability 0.999; negative controls run at the scale's fixed size.
 Rows run side by side in worker processes (:func:`run_rows`); each row's random streams depend only
-on (seed, row index), so the report does not depend on how many workers ran it.
+on (seed, row index), so the report does not depend on how many workers ran it (up to float32
+rounding of the scores, which depends on the threads per process).
 """
 
 from __future__ import annotations
@@ -140,10 +141,18 @@ def uncovered(sampler, length: int) -> str:
     return ""
 
 
+# The point-mass (greedy) draft row runs at K = 2 (L = 4): its rule is the same at every draft
+# position, and K's own positions 3..K and bonus are covered by the three K = 4 speculative rows and
+# the K = 4 negative controls. At K = 4 its acceptance of 0.28 made it feed ≈ 22 target tokens per
+# sample, the costliest row (274 of 1,080 s of worker time at the default scale); at K = 2, 2.4x less.
+POINT_MASS_K = 2
+
+
 def samplers_to_run(options: VerifyOptions) -> list[tuple[str, object, bool]]:
     """(name, sampler, lossless) for every correct sampler and every negative control."""
     base = SamplingConfig(temperature=options.temperature, top_k=options.top_k)
     spec = SpeculativeConfig(k=options.k, sampling=base)
+    point_mass = replace(spec, k=min(options.k, POINT_MASS_K), verifier=POINT_MASS)
     runs = [
         ("naive", NaiveConfig(base), True),
         (f"speculative K={options.k} T={options.temperature:g}", spec, True),
@@ -151,7 +160,7 @@ def samplers_to_run(options: VerifyOptions) -> list[tuple[str, object, bool]]:
          replace(spec, sampling=replace(base, temperature=options.low_temperature)), True),
         (f"speculative K={options.k} top-p={options.top_p:g}",
          replace(spec, sampling=replace(base, top_p=options.top_p)), True),
-        (f"point-mass draft K={options.k}", replace(spec, verifier=POINT_MASS), True),
+        (f"point-mass draft K={point_mass.k}", point_mass, True),
     ]
     for name, verifier in FAULTY.items():
         needs = dict(verifier.needs or {})
@@ -292,22 +301,41 @@ def _run_in_worker(job) -> dict:
     return run_row(_WORKER["pair"], *job)
 
 
-def run_rows(pair, rows: list[Row], options: VerifyOptions, settings: SuiteSettings, folder: Path):
+def run_rows(pair, rows: list[Row], options: VerifyOptions, settings: SuiteSettings, folder: Path,
+             pool: ProcessPoolExecutor | None = None):
     """(row, result) for every row as it finishes. With ``options.workers`` > 1 the rows run side by
-    side in that many processes (spawned, each loading the pair again from ``pair.recipe``, with
-    cores / workers threads), the costliest first; samples and verdicts are the same as one by one."""
+    side in ``pool`` (or a :func:`worker_pool` of their own), the costliest first; the same samples
+    and verdicts as one by one (scores may differ in the 7th digit: float32 forwards round with the
+    thread count)."""
     if options.workers == 1:
         for row in rows:
             yield row, run_row(pair, row, options, settings, folder)
         return
-    threads = max(1, (os.cpu_count() or 1) // options.workers)
+    if pool is None:
+        with worker_pool(pair, options.workers) as own:
+            yield from run_rows(pair, rows, options, settings, folder, own)
+        return
     by_cost = sorted(rows, key=lambda r: -r.n * r.length * (1 if isinstance(r.sampler, NaiveConfig) else 5))
+    futures = {pool.submit(_run_in_worker, (row, options, settings, folder)): row for row in by_cost}
+    for future in as_completed(futures):
+        yield futures[future], future.result()
+
+
+@contextmanager
+def worker_pool(pair, workers: int):
+    """``workers`` spawned processes, each loading the pair again from ``pair.recipe`` with
+    cores / workers threads; started at once, so they load while the caller plans the rows.
+    None for one worker (rows then run in this process)."""
+    if workers == 1:
+        yield None
+        return
+    threads = max(1, (os.cpu_count() or 1) // workers)
     context = multiprocessing.get_context("spawn")
     with _environment(WORKER_MALLOC), \
-            ProcessPoolExecutor(options.workers, context, _start_worker, (pair.recipe, threads)) as pool:
-        futures = {pool.submit(_run_in_worker, (row, options, settings, folder)): row for row in by_cost}
-        for future in as_completed(futures):
-            yield futures[future], future.result()
+            ProcessPoolExecutor(workers, context, _start_worker, (pair.recipe, threads)) as pool:
+        for _ in range(workers):  # each submit to a pool without an idle worker spawns one
+            pool.submit(int)
+        yield pool
 
 
 # glibc malloc settings of the worker processes (read at process start): allocations below 1 GiB come
@@ -343,16 +371,18 @@ def run_verify(pair, options: VerifyOptions) -> dict:
     (folder / "samples").mkdir(parents=True, exist_ok=True)
     settings = SuiteSettings(tolerance=scale.tolerance, joint_tolerance=scale.joint_tolerance,
                              n_resamples=scale.n_resamples)
-    rows = rows_to_run(pair, options)
-    if options.progress:
-        print(f"  {len(rows)} rows on {options.workers} worker(s); planned in {time.time() - began:.0f}s", flush=True)
     results = {}
-    for row, result in run_rows(pair, rows, options, settings, folder):
-        results[row.index] = result
+    with worker_pool(pair, options.workers) as pool:
+        rows = rows_to_run(pair, options)  # planned while the workers load the pair
         if options.progress:
-            suite = result["entry"]["suite"]
-            print(f"  {row.name:<42} m={row.n:<7} L={row.length:<2} {suite.verdict:<12} "
-                  f"({result['seconds']:.0f}s)", flush=True)
+            print(f"  {len(rows)} rows on {options.workers} worker(s); planned in {time.time() - began:.0f}s",
+                  flush=True)
+        for row, result in run_rows(pair, rows, options, settings, folder, pool):
+            results[row.index] = result
+            if options.progress:
+                suite = result["entry"]["suite"]
+                print(f"  {row.name:<42} m={row.n:<7} L={row.length:<2} {suite.verdict:<12} "
+                      f"({result['seconds']:.0f}s)", flush=True)
     ordered = [(row, results[row.index]) for row in rows]
     entries = [result["entry"] for _, result in ordered]
     # figures: naive and the first speculative run beside the negative controls
