@@ -283,7 +283,7 @@ def add_audit_parser(sub) -> None:
     path = vl.add_mutually_exclusive_group()
     path.add_argument("--offline", dest="serve", action="store_false", help="vllm.LLM.generate in a worker (default)")
     path.add_argument("--serve", dest="serve", action="store_true", help="vllm serve on loopback, via the endpoint adapter")
-    vl.add_argument("--head", default=None, help="Medusa/EAGLE head directory in vLLM's layout")
+    vl.add_argument("--head", default=None, help="Medusa/EAGLE/EAGLE-3 head directory in vLLM's layout")
     vl.add_argument("--n-per-request", type=int, default=8, help="vLLM's n (completions per request)")
     vl.add_argument("--concurrency", type=int, default=4, help="requests in flight (--serve)")
     _pair_and_common_args(vl, samples=20000, length=6)

@@ -41,12 +41,17 @@ class MedusaSettings:
     eval_windows: int = 256  # held-out windows of `context` tokens for the top-1 accuracy
 
 
+def next_token_laws(target, hidden: torch.Tensor) -> torch.Tensor:
+    """The target's next-token log-laws (B, T, V) from its final hidden states (B, T, D), no gradient."""
+    with torch.no_grad():
+        return F.log_softmax(target.lm_head(hidden).float(), dim=-1)
+
+
 def hidden_and_laws(target, window: torch.Tensor):
     """Target's final hidden states (B, T, D) and next-token log-laws (B, T, V), no gradient."""
     with torch.no_grad():
         hidden = target.model(input_ids=window).last_hidden_state  # (B, T, D), after the final norm
-        log_p = F.log_softmax(target.lm_head(hidden).float(), dim=-1)  # (B, T, V)
-    return hidden, log_p
+    return hidden, next_token_laws(target, hidden)
 
 
 def medusa_loss(target):

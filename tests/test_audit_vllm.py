@@ -14,6 +14,9 @@ What is checked, each against the real engine:
   (asked for T = 0.7, scored at T = 1) is rejected; the `vllm serve` path maps tokens exactly;
 - greedy speculative output equals vLLM's non-speculative greedy output token for token (draft model;
   the bundled EAGLE head, whose drafts must also be accepted: it loads in vLLM's layout and proposes);
+- the bundled EAGLE-3 head drafts in vLLM exactly what our PyTorch forward drafts: vLLM's greedy acceptance
+  counters equal those of our own greedy speculative decode with the same head (two prompts, 32 tokens);
+- a method vLLM rewrites from the draft's path (draft_model → eagle3 when the path contains "eagle3") is refused;
 - the finding: the CPU build's `expand_batch_to_tokens` returns uninitialised memory for float
   inputs (per-token temperatures), which is why its speculative rows are rejected (docs/audit-vllm.md).
 
@@ -135,6 +138,56 @@ def test_eagle_head_drafts_and_greedy_equals_reference_greedy(pair):
         vllm_adapter.job(prompt, [0], 1, 16, SamplingConfig(temperature=0.0)))
     assert reply["tokens"][0] == reference
     assert reply["metrics"]["draft_tokens"] > 0 and reply["metrics"]["accepted_tokens"] > 0, reply["metrics"]
+
+
+def greedy_speculative(target, head, prompt: torch.Tensor, length: int, k: int):
+    """Our greedy speculative decode with the EAGLE-3 head, step for step as vLLM runs it: the target emits the
+    first token alone, then each step drafts k (``eagle3_train.greedy_drafts``), verifies them in one target
+    pass and keeps the agreeing prefix plus the target's next token. Returns (tokens, steps, accepted)."""
+    from specdec_lab.eagle3_train import greedy_drafts
+
+    with torch.no_grad():
+        context = torch.cat([prompt, target(prompt[None]).logits[0, -1:].argmax(-1)])
+        steps = accepted = 0
+        while len(context) - len(prompt) < length:
+            drafts = greedy_drafts(target, head, context, k)
+            verified = target(torch.cat([context, torch.tensor(drafts)])[None]).logits[0, len(context) - 1:].argmax(-1)
+            a = next((i for i in range(k) if drafts[i] != int(verified[i])), k)  # (k+1,) target's choices
+            context = torch.cat([context, verified[:a + 1]])
+            steps, accepted = steps + 1, accepted + a
+    return context[len(prompt):len(prompt) + length].tolist(), steps, accepted
+
+
+def test_eagle3_head_in_vllm_drafts_what_our_forward_drafts(pair):
+    """The bundled EAGLE-3 head in vLLM's Eagle3LlamaForCausalLM (aux layers from its config, embedding and
+    lm_head shared): greedy output is the target's own, and vLLM's acceptance counters equal those of our
+    PyTorch decode with the same head. Any disagreement between our forward and what vLLM loads (names,
+    norms, aux layers, positions, the fed-back state) changes the drafts and so the counts."""
+    from specdec_lab.eagle3_train import EAGLE3_SUBDIR, load_head
+    from specdec_lab.models import BUNDLED_DIR
+
+    head = load_head(BUNDLED_DIR / EAGLE3_SUBDIR, pair.target.config)
+    engine = vllm_adapter.worker(vllm_adapter.engine_kwargs("eagle3"))
+    for text in ("ROMEO:\n", "JULIET.\nO Romeo, Romeo, wherefore art thou Romeo?\n"):
+        prompt = pair.encode(text)
+        reply = engine.ask(vllm_adapter.job(prompt, [0], 1, 32, SamplingConfig(temperature=0.0)))
+        tokens, steps, accepted = greedy_speculative(pair.target, head, prompt, 32, 4)
+        assert reply["tokens"][0] == tokens, text
+        ours = {"draft_steps": steps, "draft_tokens": 4 * steps, "accepted_tokens": accepted}
+        assert {key: reply["metrics"][key] for key in ours} == ours, text
+        assert accepted > 0, ours
+
+
+def test_method_rewritten_from_the_draft_path_is_refused(tmp_path):
+    """vLLM turns method draft_model into eagle3 when the draft's path contains "eagle3" (a parent folder is
+    enough: a checkout in ~/wt-eagle3 is one); the worker refuses instead of mislabelling the row."""
+    from specdec_lab.models import BUNDLED_DIR
+
+    hijacked = tmp_path / "my-eagle3-work" / "draft"
+    hijacked.parent.mkdir()
+    hijacked.symlink_to(BUNDLED_DIR / "draft")
+    with pytest.raises(vllm_adapter.VllmError, match="changed the speculative method 'draft_model' to 'eagle3'"):
+        vllm_adapter.worker(vllm_adapter.engine_kwargs("draft_model", draft=hijacked))
 
 
 def test_engine_crash_is_a_clear_cli_error(capsys, tmp_path):

@@ -63,6 +63,8 @@ METHODS = {
     "suffix": "suffix decoding (a suffix tree over the prompt and earlier outputs)",
     "medusa": "Medusa heads (the bundled heads converted to vLLM's layout by convert_medusa)",
     "eagle": "the bundled EAGLE-1 head (data/models/eagle, trained by specdec_lab.eagle_train in vLLM's layout)",
+    "eagle3": "the bundled EAGLE-3 head (data/models/eagle3, trained by specdec_lab.eagle3_train in vLLM's layout; "
+              "aux layers (1, 2, 4) from its config)",
 }
 # Engine settings for this audit on a CPU: fp32 like the local scorer, no CUDA-graph capture, the
 # model's generation_config ignored (vLLM would otherwise take sampling defaults from it), a small
@@ -70,6 +72,7 @@ METHODS = {
 # spec-decode counters).
 MEDUSA_DIR = Path(tempfile.gettempdir()) / "specdec-lab-vllm-medusa"  # the bundled heads, converted on use
 EAGLE_DIR = BUNDLED_DIR / "eagle"  # already in vLLM's EagleLlamaForCausalLM layout
+EAGLE3_DIR = BUNDLED_DIR / "eagle3"  # already in vLLM's Eagle3LlamaForCausalLM layout
 MAX_MODEL_LEN = 512
 MEMORY_SHARE = 0.05
 AUDIT_FLAGS = ["--dtype", "float32", "--enforce-eager", "--generation-config", "vllm", "--seed", "0"]
@@ -103,6 +106,8 @@ def serving_config(method: str, k: int = 4, target: Path = BUNDLED_DIR / "target
         draft = convert_medusa(MEDUSA_DIR)
     if method == "eagle" and draft is None:
         draft = EAGLE_DIR
+    if method == "eagle3" and draft is None:
+        draft = EAGLE3_DIR
     if method == "suffix":
         raise ValueError("suffix decoding is not in specdec_lab.serving's methods")
     return ServingConfig(str(target), method=method, draft=None if draft is None else str(draft), k=k,
@@ -271,7 +276,7 @@ class VllmOfflineConfig:
     """Settings of one offline vLLM audit (``vllm.LLM.generate`` in a ``.venv-vllm`` worker).
 
     method: one of :data:`METHODS`; k: ``num_speculative_tokens``.
-    draft: head checkpoint in vLLM's layout for ``medusa`` / ``eagle`` (default: the bundled heads; the draft
+    draft: head checkpoint in vLLM's layout for ``medusa`` / ``eagle`` / ``eagle3`` (default: the bundled heads; the draft
     model is the bundled one).
     sampling: temperature / top-k / top-p asked of vLLM (and, by default, the law scored).
     n_per_request: completions per request (vLLM's ``n``); requests per job: all of a batch, at once.

@@ -201,10 +201,23 @@ def main() -> int:
 
 
 def start_engine(engine: dict, reply):
-    """``vllm.LLM(**engine)``, or None after writing vLLM's own refusal to the reply channel."""
+    """``vllm.LLM(**engine)``, or None after writing vLLM's own refusal (or a changed method) to the reply channel.
+
+    vLLM 0.32 rewrites the asked method from the draft's path: any method but eagle/eagle3/dflash/dspark
+    becomes ``eagle3`` when the path contains "eagle3" and ``eagle`` when it contains "eagle-", parent
+    folders included (``vllm/config/speculative.py``, "Automatically detect the method"). A row would
+    then be labelled with a method vLLM did not run, so that is refused here, from vLLM's own resolved config."""
     try:
         from vllm import LLM
+        from vllm.engine.arg_utils import EngineArgs
 
+        spec = engine.get("speculative_config") or {}
+        if spec.get("method") is not None:
+            ran = EngineArgs(**engine).create_engine_config().speculative_config.method
+            if ran != spec["method"]:
+                raise ValueError(f"vLLM changed the speculative method {spec['method']!r} to {ran!r}: it detects the "
+                                 f"method from substrings of the draft's path {spec.get('model')!r} "
+                                 "(vllm/config/speculative.py); use a path without 'eagle3' / 'eagle-'")
         return LLM(**engine)
     except Exception as exc:
         reply.write(json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n")
