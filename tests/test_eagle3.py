@@ -13,13 +13,27 @@ from pathlib import Path
 import pytest
 import torch
 
+from specdec_lab.adapters.vllm import vllm_python
 from specdec_lab.eagle3_train import (AUX_KEY, EAGLE3_SUBDIR, Eagle3Head, greedy_drafts, load_head,
                                       unroll)
 from specdec_lab.models import BUNDLED_DIR, verify_manifest
 
 HEAD_DIR = BUNDLED_DIR / EAGLE3_SUBDIR
-VLLM_EAGLE3 = (Path(__file__).resolve().parents[1] / ".venv-vllm/lib/python3.11/site-packages/vllm/model_executor"
-               / "models/llama_eagle3.py")
+
+
+def _vllm_eagle3_source() -> Path:
+    """vLLM's llama_eagle3.py in the environment the audit uses (``.venv-vllm``, or ``$SPECDEC_LAB_VLLM_PYTHON``'s,
+    as in CI, where it lives in a per-machine cache outside the clone)."""
+    try:
+        venv = vllm_python().parent.parent  # <venv>/bin/python -> <venv> (not resolved: bin/python is a symlink)
+    except FileNotFoundError:
+        return Path("/nonexistent")
+    found = sorted(venv.glob("lib/python3*/site-packages/vllm/model_executor/models/llama_eagle3.py"))
+    return found[0] if found else Path("/nonexistent")
+
+
+VLLM_EAGLE3 = _vllm_eagle3_source()
+
 # Romeo and Juliet, Act II, Scene II (public domain; in the training corpus).
 TEXT = ("JULIET.\nO Romeo, Romeo, wherefore art thou Romeo?\nDeny thy father and refuse thy name.\n"
         "Or if thou wilt not, be but sworn my love,\nAnd I'll no longer be a Capulet.\n")
