@@ -60,7 +60,6 @@ other entry as it was.
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,7 +67,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec_lab.medusa_train import next_token_laws
-from specdec_lab.train import TrainSettings, fit, frozen_target_and_corpus, record_head, script_parser
+from specdec_lab.train import script_parser, train_head
 
 EAGLE3_SUBDIR = "eagle3"
 AUX_KEY = "eagle_aux_hidden_state_layer_ids"  # vLLM reads it from the head's config.json
@@ -308,31 +307,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=Eagle3Settings.steps)
     args = parser.parse_args(argv)
     settings = Eagle3Settings(steps=args.steps)
-    began = time.time()
-
-    target_dir = args.out / "target"
-    target, train_ids, held_ids = frozen_target_and_corpus(target_dir, args.cache)
-
-    with torch.random.fork_rng():
-        torch.manual_seed(settings.seed)
-        head = Eagle3Head(target.config, settings.aux_layers)
-    before = acceptance_by_step(target, head, held_ids, settings)
-    print(f"before training: {json.dumps(before)}", flush=True)
-    fit_settings = TrainSettings(seed=settings.seed, context=settings.context, batch_size=settings.batch_size,
-                                 warmup_steps=settings.warmup_steps, weight_decay=settings.weight_decay)
-    generator = torch.Generator().manual_seed(settings.seed)
-    tokens = fit(head, eagle3_loss(target, settings.ttt_steps), train_ids, settings.steps, settings.lr,
-                 fit_settings, generator, "eagle3")
-    head = head.float().eval()
-    after = acceptance_by_step(target, head, held_ids, settings)
-    print(f"after training: {json.dumps(after)}", flush=True)
-
-    save_head(head, args.out / EAGLE3_SUBDIR, target_dir)
-    record_head(args.out, EAGLE3_SUBDIR, ("config.json", "model.safetensors"),
-                "EAGLE-3 head in vLLM's Eagle3LlamaForCausalLM layout (frozen target, shared embedding and lm_head, "
-                f"aux layers {list(settings.aux_layers)})", target_dir, settings,
-                sum(t.numel() for t in head.vllm_state_dict().values()), tokens,
-                {"held_out": after, "held_out_untrained": before}, began)
+    train_head(args.out, args.cache, settings, subdir=EAGLE3_SUBDIR, files=("config.json", "model.safetensors"),
+               kind="EAGLE-3 head in vLLM's Eagle3LlamaForCausalLM layout (frozen target, shared embedding and "
+                    f"lm_head, aux layers {list(settings.aux_layers)})",
+               build=lambda target: Eagle3Head(target.config, settings.aux_layers),
+               loss=lambda target: eagle3_loss(target, settings.ttt_steps), evaluate=acceptance_by_step,
+               save=save_head, parameters=lambda head: sum(t.numel() for t in head.vllm_state_dict().values()),
+               measure="held_out")
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import copy
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec_lab.medusa_train import hidden_and_laws
-from specdec_lab.train import TrainSettings, fit, frozen_target_and_corpus, record_head, script_parser
+from specdec_lab.train import script_parser, train_head
 
 EAGLE_SUBDIR = "eagle"
 
@@ -155,30 +154,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=EagleSettings.steps)
     args = parser.parse_args(argv)
     settings = EagleSettings(steps=args.steps)
-    began = time.time()
-
-    target_dir = args.out / "target"
-    target, train_ids, held_ids = frozen_target_and_corpus(target_dir, args.cache)
-
-    with torch.random.fork_rng():  # transformers initialises weights from the global RNG
-        torch.manual_seed(settings.seed)
-        head = EagleHead(target.config)
-    before = step1_acceptance(target, head, held_ids, settings)
-    print(f"before training: {json.dumps(before)}", flush=True)
-    fit_settings = TrainSettings(seed=settings.seed, context=settings.context, batch_size=settings.batch_size,
-                                 warmup_steps=settings.warmup_steps, weight_decay=settings.weight_decay)
-    generator = torch.Generator().manual_seed(settings.seed)
-    tokens = fit(head, eagle_loss(target, settings.feature_weight), train_ids, settings.steps, settings.lr,
-                 fit_settings, generator, "eagle")
-    head = head.float().eval()
-    after = step1_acceptance(target, head, held_ids, settings)
-    print(f"after training: {json.dumps(after)}", flush=True)
-
-    save_head(head, args.out / EAGLE_SUBDIR, target_dir)
-    record_head(args.out, EAGLE_SUBDIR, ("config.json", "model.safetensors"),
-                "EAGLE-1 head in vLLM's EagleLlamaForCausalLM layout (frozen target, shared embedding and lm_head)",
-                target_dir, settings, sum(t.numel() for t in head.vllm_state_dict().values()), tokens,
-                {"held_out_step1": after, "held_out_step1_untrained": before}, began)
+    train_head(args.out, args.cache, settings, subdir=EAGLE_SUBDIR, files=("config.json", "model.safetensors"),
+               kind="EAGLE-1 head in vLLM's EagleLlamaForCausalLM layout (frozen target, shared embedding and lm_head)",
+               build=lambda target: EagleHead(target.config),
+               loss=lambda target: eagle_loss(target, settings.feature_weight), evaluate=step1_acceptance,
+               save=save_head, parameters=lambda head: sum(t.numel() for t in head.vllm_state_dict().values()),
+               measure="held_out_step1")
 
 
 if __name__ == "__main__":

@@ -17,15 +17,13 @@ two files' sha256s, leaving every existing entry as it was. About 20 minutes on 
 
 from __future__ import annotations
 
-import json
-import time
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from specdec_lab.samplers.medusa import MEDUSA_SUBDIR, MedusaHeads, save_heads
-from specdec_lab.train import TrainSettings, fit, frozen_target_and_corpus, record_head, script_parser
+from specdec_lab.train import script_parser, train_head
 
 
 @dataclass(frozen=True)
@@ -98,30 +96,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--heads", type=int, default=MedusaSettings.num_heads)
     args = parser.parse_args(argv)
     settings = MedusaSettings(steps=args.steps, num_heads=args.heads)
-    began = time.time()
-
-    target_dir = args.out / "target"
-    target, train_ids, held_ids = frozen_target_and_corpus(target_dir, args.cache)
-
-    with torch.random.fork_rng():
-        torch.manual_seed(settings.seed)
-        heads = MedusaHeads.from_target(target, settings.num_heads)
-    before = head_accuracy(target, heads, held_ids, settings)
-    print(f"before training: {json.dumps(before)}", flush=True)
-    fit_settings = TrainSettings(seed=settings.seed, context=settings.context, batch_size=settings.batch_size,
-                                 warmup_steps=settings.warmup_steps, weight_decay=settings.weight_decay)
-    generator = torch.Generator().manual_seed(settings.seed)
-    tokens = fit(heads, medusa_loss(target), train_ids, settings.steps, settings.lr, fit_settings,
-                 generator, "medusa")
-    heads = heads.float().eval()
-    accuracy = head_accuracy(target, heads, held_ids, settings)
-    print(f"after training: {json.dumps(accuracy)}", flush=True)
-
-    save_heads(heads, args.out / MEDUSA_SUBDIR)
-    record_head(args.out, MEDUSA_SUBDIR, ("config.json", "heads.safetensors"),
-                "Medusa-1 heads (frozen target, soft self-distillation)", target_dir, settings,
-                sum(p.numel() for p in heads.parameters()), tokens,
-                {"held_out_accuracy": accuracy, "held_out_accuracy_untrained": before}, began)
+    train_head(args.out, args.cache, settings, subdir=MEDUSA_SUBDIR, files=("config.json", "heads.safetensors"),
+               kind="Medusa-1 heads (frozen target, soft self-distillation)",
+               build=lambda target: MedusaHeads.from_target(target, settings.num_heads), loss=medusa_loss,
+               evaluate=head_accuracy, save=lambda heads, directory, _target_dir: save_heads(heads, directory),
+               parameters=lambda heads: sum(p.numel() for p in heads.parameters()), measure="held_out_accuracy")
 
 
 if __name__ == "__main__":

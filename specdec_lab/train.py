@@ -281,6 +281,35 @@ def record_head(out: Path, subdir: str, names: tuple[str, ...], kind: str, targe
     print(json.dumps(entry, indent=2))
 
 
+def train_head(out: Path, cache: Path, settings, *, subdir: str, files: tuple[str, ...], kind: str, build,
+               loss, evaluate, save, parameters, measure: str) -> None:
+    """The head trainers' one driver (Medusa, EAGLE, EAGLE-3): the frozen target and its corpus
+    (:func:`frozen_target_and_corpus`), ``build(target)`` seeded from ``settings.seed``,
+    ``evaluate(target, head, held_ids, settings)`` before and after :func:`fit` of ``loss(target)``,
+    ``save(head, out / subdir, target_dir)`` and the manifest entry (:func:`record_head`) with the
+    held-out numbers as ``measure`` and ``measure + "_untrained"`` and ``parameters(head)``.
+
+    ``settings`` needs seed, steps, lr, batch_size, context, warmup_steps and weight_decay."""
+    began = time.time()
+    target_dir = out / "target"
+    target, train_ids, held_ids = frozen_target_and_corpus(target_dir, cache)
+    with torch.random.fork_rng():  # transformers initialises weights from the global RNG
+        torch.manual_seed(settings.seed)
+        head = build(target)
+    before = evaluate(target, head, held_ids, settings)
+    print(f"before training: {json.dumps(before)}", flush=True)
+    fit_settings = TrainSettings(seed=settings.seed, context=settings.context, batch_size=settings.batch_size,
+                                 warmup_steps=settings.warmup_steps, weight_decay=settings.weight_decay)
+    generator = torch.Generator().manual_seed(settings.seed)
+    tokens = fit(head, loss(target), train_ids, settings.steps, settings.lr, fit_settings, generator, subdir)
+    head = head.float().eval()
+    after = evaluate(target, head, held_ids, settings)
+    print(f"after training: {json.dumps(after)}", flush=True)
+    save(head, out / subdir, target_dir)
+    record_head(out, subdir, files, kind, target_dir, settings, parameters(head), tokens,
+                {measure: after, f"{measure}_untrained": before}, began)
+
+
 def script_parser(description: str) -> argparse.ArgumentParser:
     """The options every training script shares: where the models go, where the corpus is cached."""
     parser = argparse.ArgumentParser(description=description)

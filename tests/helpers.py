@@ -9,6 +9,9 @@ from specdec_lab.sampling import to_probs
 ALPHA = 1e-3  # per test, fixed seeds in CI
 DETECT_TV = 0.02  # the deviation every distributional test must see
 POWER = 0.99
+# Romeo and Juliet, Act II, Scene II (public domain; in the bundled models' training corpus).
+ROMEO_PASSAGE = ("JULIET.\nO Romeo, Romeo, wherefore art thou Romeo?\nDeny thy father and refuse thy name.\n"
+                 "Or if thou wilt not, be but sworn my love,\nAnd I'll no longer be a Capulet.\n")
 
 
 def first_token_law(pair, prompt, config) -> np.ndarray:

@@ -18,6 +18,8 @@ from specdec_lab.eagle3_train import (AUX_KEY, EAGLE3_SUBDIR, Eagle3Head, greedy
                                       unroll)
 from specdec_lab.models import BUNDLED_DIR, verify_manifest
 
+from helpers import ROMEO_PASSAGE
+
 HEAD_DIR = BUNDLED_DIR / EAGLE3_SUBDIR
 
 
@@ -34,9 +36,7 @@ def _vllm_eagle3_source() -> Path:
 
 VLLM_EAGLE3 = _vllm_eagle3_source()
 
-# Romeo and Juliet, Act II, Scene II (public domain; in the training corpus).
-TEXT = ("JULIET.\nO Romeo, Romeo, wherefore art thou Romeo?\nDeny thy father and refuse thy name.\n"
-        "Or if thou wilt not, be but sworn my love,\nAnd I'll no longer be a Capulet.\n")
+TEXT = ROMEO_PASSAGE
 
 
 def vllm_layout(config: dict, target: dict) -> dict[str, tuple[int, ...]]:
