@@ -15,7 +15,8 @@ the two tokens whose joint law is enumerated exactly (naive sampling has no bloc
 cover). ``--length L`` sets one L for every row instead.
 
 Sample sizes: each lossless row's m is planned from its exact law (:func:`plan_samples`) so that a
-correct row is *equivalent* with probability 0.999; negative controls run at the scale's fixed size.
+correct row's bound reaches its tolerance with probability 0.999 (with Holm's α = 0.01 on its tests, a
+correct row fails with probability <= 0.011); negative controls run at the scale's fixed size.
 Rows run side by side in worker processes (:func:`run_rows`); each row's random streams depend only
 on (seed, row index), so the report does not depend on how many workers ran it (up to float32
 rounding of the scores, which depends on the threads per process).
