@@ -91,25 +91,25 @@ lab: $(STAMP)
 browser: $(STAMP)
 	SPECDEC_LAB_SCREENSHOTS=reports/browser $(BIN)/python -m pytest -q tests/test_browser.py $(PYTEST_ARGS)
 
-# Target, draft, then the Medusa, EAGLE and EAGLE-3 heads of the new target (train.py rewrites manifest.json; the
+# Target, draft, then the Medusa, EAGLE and EAGLE-3 heads of the new target (training.base rewrites manifest.json; the
 # heads' steps add their entries back, so the manifest always describes the heads that match the target).
 train: $(STAMP)
-	$(BIN)/python -m specdec_lab.train --out data/models
-	$(BIN)/python -m specdec_lab.medusa_train --out data/models
-	$(BIN)/python -m specdec_lab.eagle_train --out data/models
-	$(BIN)/python -m specdec_lab.eagle3_train --out data/models
+	$(BIN)/python -m specdec_lab.training.base --out data/models
+	$(BIN)/python -m specdec_lab.training.medusa --out data/models
+	$(BIN)/python -m specdec_lab.training.eagle --out data/models
+	$(BIN)/python -m specdec_lab.training.eagle3 --out data/models
 
 # Medusa heads for the bundled target (after `make train`; ≈ 10 min on 2 idle cores)
 train-medusa: $(STAMP)
-	$(BIN)/python -m specdec_lab.medusa_train --out data/models
+	$(BIN)/python -m specdec_lab.training.medusa --out data/models
 
 # The EAGLE head for the bundled target, in vLLM's layout (after `make train`; ≈ 25 min on 2 shared cores)
 train-eagle: $(STAMP)
-	$(BIN)/python -m specdec_lab.eagle_train --out data/models
+	$(BIN)/python -m specdec_lab.training.eagle --out data/models
 
 # The EAGLE-3 head for the bundled target, in vLLM's layout (after `make train`; ≈ 15 min on 2 shared cores)
 train-eagle3: $(STAMP)
-	$(BIN)/python -m specdec_lab.eagle3_train --out data/models
+	$(BIN)/python -m specdec_lab.training.eagle3 --out data/models
 
 clean-venv:
 	rm -rf $(VENV)
