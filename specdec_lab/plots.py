@@ -355,6 +355,61 @@ def bug_anatomy(parts: list[dict], top: int = 12, tokens=None, cols: int = 3) ->
     return fig
 
 
+def agreement_by_position(agreement: np.ndarray, independent_first: float) -> Figure:
+    """How often same-seed naive and speculative chains emit the same token at each position, with the chance
+    that two *independent* draws from p agree on the first token (Σ p(x)²) as a reference line."""
+    agreement = np.asarray(agreement, dtype=float)
+    x = np.arange(1, len(agreement) + 1)
+    fig, ax = _new((7.5, 3.6))
+    ax.plot(x, agreement, marker="o", label="same seed: naive and speculative emit the same token")
+    ax.axhline(independent_first, color="black", linestyle="--", linewidth=1,
+               label=f"two independent draws from p, position 1: Σ p² = {independent_first:.3f}")
+    ax.set_xticks(x)
+    ax.set_ylim(0, 1)
+    return _finish(fig, ax, "Same seed, different samples: agreement by position", xlabel="position",
+                   ylabel="fraction of chains", legend=dict(fontsize=9))
+
+
+def audit_verdicts(table: pd.DataFrame, tolerance: float = 0.02) -> Figure:
+    """An audit table (:func:`specdec_lab.audit.run_audits`, several engines concatenated) as
+    :func:`tv_bounds`: one bar per audited row (implementation and settings), coloured by verdict, hatched
+    when it is a negative control."""
+    frame = table.assign(sampler=[f"{i}: {s}" if s else str(i) for i, s in zip(table["implementation"],
+                                                                              table["settings"])])
+    frame["sampler"] = [_wrap(name, 6, 10) if len(name) > 70 else name for name in frame["sampler"]]
+    return tv_bounds(frame[["sampler", "TV upper 99%", "expected", "verdict", "Holm p"]], tolerance)
+
+
+def size_meta_test(frame: pd.DataFrame, alpha: float, limit: float) -> Figure:
+    """The suite's size under H0, per test: the rejection rate over replicates drawn from the exact law at
+    level α (bars; α and the binomial limit α + 3 se as lines), and each single test's KS p-value of its
+    p-values against Uniform(0, 1) (dots, right; small = not uniform).
+
+    ``frame`` from :func:`specdec_lab.experiments.negative_controls.meta_test_figure_frame`."""
+    fig, axes = _grid(1, 2, (12, 0.35 * len(frame) + 2.0), sharey=True)
+    left, right = axes[0]
+    y = np.arange(len(frame))
+    rate = frame["rejection rate"].to_numpy(dtype=float)
+    left.barh(y, rate, color=[VERDICT_COLORS["rejected"] if r > limit else sns.color_palette()[0] for r in rate])
+    left.axvline(alpha, color="black", linestyle="--", linewidth=1, label=f"α = {alpha:g}")
+    left.axvline(limit, color="black", linestyle=":", linewidth=1.5, label=f"α + 3 se = {limit:.3f}")
+    left.set_yticks(y, frame["test"], fontsize=9)
+    left.invert_yaxis()
+    left.set_xlim(0, max(limit * 1.5, rate.max() * 1.1 + 1e-3))
+    left.set_xlabel("rejection rate under H0")
+    left.legend(fontsize=9, loc="lower right")
+    ks = frame["KS p-value"].to_numpy(dtype=float)
+    right.scatter(np.where(np.isnan(ks), np.nan, np.maximum(ks, 1e-6)), y, color="black")
+    right.axvline(1e-3, color=VERDICT_COLORS["rejected"], linestyle="--", linewidth=1, label="1e-3")
+    right.set_xscale("log")
+    right.set_xlim(1e-6, 1.5)
+    right.set_xlabel("KS p-value: p-values uniform? (Holm-combined: not shown)")
+    right.legend(fontsize=9, loc="lower left")
+    fig.suptitle("Size of the suite on samples of the exact law: rejections at about α, p-values uniform", fontsize=12)
+    fig.tight_layout()
+    return fig
+
+
 def exact_tv(table: pd.DataFrame) -> Figure:
     """Exact TV between each rule's law and p (log scale); lossless rules sit at rounding level.
 
