@@ -234,7 +234,11 @@ def open_notebook(context, lab: Lab, name: str):
 
 
 def run_all_cells(page) -> None:
-    """Run ▸ Run All Cells, from the menu bar."""
+    """Clear the committed outputs (the notebooks are committed rendered: a stale figure or prompt must not pass
+    for a fresh one), then Run ▸ Run All Cells, from the menu bar."""
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:clear-all-cell-outputs')")
+    page.wait_for_function("() => Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputPrompt'))"
+                           ".every(e => !/\\d/.test(e.textContent))", timeout=30_000)
     page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
     page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
     page.wait_for_function(f"() => ({PROMPTS})().some(p => p.includes('*'))", timeout=30_000)
