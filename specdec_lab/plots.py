@@ -195,8 +195,8 @@ def pit(pits: dict[str, np.ndarray], bins: int = 20, verdicts: dict[str, str] | 
     """Randomized PIT histograms of every sampled token under the exact target law, one panel per sampler.
 
     A lossless sampler's histogram is flat (density 1, dashed); a bent one shows a wrong law. The converse
-    does **not** hold: a sampler can be wrong and still look flat (the bonus token from the wrong position
-    and overlapping random streams do), which is why the verdict rests on the whole battery, not this picture.
+    does **not** hold: a sampler can be wrong and still look flat (``residual_from_p`` at a few thousand samples,
+    and overlapping random streams, whose every token has the right law, do), which is why the verdict rests on the whole battery, not this picture.
     Every panel shares one y range, 0..``ymax`` (default: the tallest bin, kept between 1.5 and 2.5), so no tall
     panel flattens the others; a bin above it is cut and its height written in the panel. ``verdicts`` (sampler → verdict) colours each panel's title.
     """
@@ -453,7 +453,7 @@ def power_curves(frame: pd.DataFrame) -> Figure:
         part = frame[frame["alternative"] == name]
         ax.errorbar(part["m"], part["simulated"], yerr=2 * part["se"], fmt="o", color="black",
                     capsize=3, label="simulated ± 2 se")
-        ax.plot(part["m"], part["noncentral χ²"], label="noncentral χ² at this q")
+        ax.plot(part["m"], part["noncentral χ²"], label="noncentral χ² at this law")
         ax.plot(part["m"], part["planner (worst case)"], linestyle="--", label="planner, worst case at this TV")
         ax.set_xscale("log")
         _plain_ticks(ax)
