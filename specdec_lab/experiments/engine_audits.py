@@ -19,6 +19,13 @@ def audit_first_freqs(table: pd.DataFrame, vocab_size: int) -> dict[str, np.ndar
             for r, (_, row) in zip(table.attrs["results"], table.iterrows())}
 
 
+def audit_sample_sizes(*tables) -> dict[str, int]:
+    """The sample size m of every audit row, keyed like :func:`audit_first_freqs` (for the ±2 sd bands of
+    :func:`specdec_lab.plots.first_token`)."""
+    return {f"{r.name} ({row['settings']})": int(r.suite.m) for table in tables if table is not None
+            for r, (_, row) in zip(table.attrs["results"], table.iterrows())}
+
+
 def vllm_sampler_checks(pair, prompt_ids: torch.Tensor, requests: int, temperature: float = 1.0) -> pd.DataFrame:
     """vLLM's own rejection sampler on the exact p and q after ``prompt_ids``, with and without its
     ``apply_sampling_constraints`` step (:func:`specdec_lab.adapters.vllm.sampler_check`), one row per
