@@ -163,7 +163,7 @@ def first_token(laws: dict[str, np.ndarray], exact: np.ndarray, top: int = 25, t
         sizes = samples if isinstance(samples, dict) else {name: samples for name in laws}
         for j, m in enumerate(sorted(set(int(v) for v in sizes.values()))):
             sd = np.sqrt(exact[order] * (1 - exact[order]) / m)
-            ax.fill_between(x, exact[order] - 2 * sd, exact[order] + 2 * sd, color="grey", alpha=0.25 - 0.08 * j,
+            ax.fill_between(x, np.maximum(exact[order] - 2 * sd, 0), exact[order] + 2 * sd, color="grey", alpha=0.25 - 0.08 * j,
                             linewidth=0, label=f"p ± 2 sd at m = {m:,}", zorder=0)
     markers = "os^Dvx*P"
     for i, (name, freq) in enumerate(laws.items()):
