@@ -97,15 +97,16 @@ notebooks-render: $(STAMP)
 
 # JupyterLab on notebooks/, ready to run (scale ci unless SPECDEC_LAB_SCALE is set): the kernel
 # "Python 3 (ipykernel)" the notebooks name is registered to this environment's Python, ipywidgets'
-# lab extension comes with requirements.txt, and the lab opens on notebook 01. LAB_ARGS adds options.
+# lab extension comes with requirements.txt, and the lab opens on notebook 00. LAB_ARGS adds options.
 lab: $(STAMP)
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (ipykernel)" >/dev/null
-	$(ENGINES_ENV) $(BIN)/jupyter lab --ServerApp.root_dir=notebooks notebooks/01_memory_wall.ipynb \
+	$(ENGINES_ENV) $(BIN)/jupyter lab --ServerApp.root_dir=notebooks notebooks/00_worked_example.ipynb \
 		$(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 # Every notebook run in JupyterLab in headless Chromium, the calibrator's controls moved and checked
 # (tests/test_browser.py, part of `make test`); keeps a screenshot of each figure and of the calibrator
-# before and after the moves under reports/browser/ (about 4 min on 2 idle cores).
+# before and after the moves, and the 3-token explorer before and after, under reports/browser/ (7 min 50 s for the nine
+# notebooks on 2 shared cores, vLLM included).
 browser: $(STAMP)
 	$(ENGINES_ENV) SPECDEC_LAB_SCREENSHOTS=reports/browser $(BIN)/python -m pytest -q tests/test_browser.py $(PYTEST_ARGS)
 
