@@ -93,7 +93,7 @@ notebooks-render: $(STAMP)
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (ipykernel)" >/dev/null
 	$(ENGINES_ENV) SPECDEC_LAB_SCALE=ci OMP_NUM_THREADS=1 PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" \
 		$(BIN)/jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.timeout=1800 \
-		--ExecutePreprocessor.kernel_name=python3 $(NOTEBOOKS)
+		--ExecutePreprocessor.kernel_name=python3 --ExecutePreprocessor.record_timing=False $(NOTEBOOKS)
 
 # JupyterLab on notebooks/, ready to run (scale ci unless SPECDEC_LAB_SCALE is set): the kernel
 # "Python 3 (ipykernel)" the notebooks name is registered to this environment's Python, ipywidgets'
