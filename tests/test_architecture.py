@@ -23,7 +23,7 @@ LAYERS = {
     "engines": ["adapters.*"],
     "collection": ["collect", "exact"],
     "statistics": ["suite", "report"],
-    "jobs": ["verify", "audit", "bench", "training.*"],
+    "jobs": ["verify", "audit", "bench", "coverage_study", "training.*"],
     "front": ["cli", "experiments.*"],
 }
 
