@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specdec_lab import exact, report, stats
+from specdec_lab import exact, plots, report, stats
 from specdec_lab.collect import collect
 from specdec_lab.models import load_pair
 from specdec_lab.sampling import SamplingConfig
@@ -391,8 +391,11 @@ def run_verify(pair, options: VerifyOptions) -> dict:
     summary = report.summary_table(entries)
     table = report.verdict_table(entries)
     report.plot_tv_bounds(summary, scale.tolerance, folder / "tv_bounds.png")
-    report.plot_first_token(first_laws, ordered[0][1]["first_law"], folder / "first_token.png")
-    report.plot_pit(pits, folder / "pit.png")
+    verdicts = dict(zip(summary["sampler"], summary["verdict"]))
+    report.plot_first_token(first_laws, ordered[0][1]["first_law"], folder / "first_token.png",
+                            tokens=plots.token_strings(pair), samples={row.name: row.n for row, _ in ordered
+                                                                       if row.name in first_laws})
+    report.plot_pit(pits, folder / "pit.png", verdicts=verdicts)
     passed = bool(summary["correct call"].all())
     seconds = time.time() - began
     _write_markdown(folder, summary, table, options, scale, pair, passed, seconds)

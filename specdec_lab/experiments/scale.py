@@ -71,14 +71,16 @@ def default_device() -> str:
 
 
 def setup(name: str | None = None, threads: int | None = 1) -> Scale:
-    """Start a notebook: seaborn's theme, fixed pandas display, and the scale in force.
+    """Start a notebook: seaborn's theme, fixed pandas display, no model-loading progress bars, and the scale in force.
 
     ``threads`` sets torch's intra-op threads; 1 by default: the bundled models' kernels are tiny,
     and on a busy 2-core machine a second spinning thread made a notebook cell up to 30x slower in
     wall time (HF ``generate`` at batch 1: 1,138 s with 2 threads, 37 s with 1). None leaves it alone.
     """
     import seaborn as sns
+    from transformers.utils import logging as transformers_logging
 
+    transformers_logging.disable_progress_bar()  # "Loading weights" bars would land in the committed outputs
     if threads is not None:
         torch.set_num_threads(int(threads))
     sns.set_theme(context="notebook", style="whitegrid")
