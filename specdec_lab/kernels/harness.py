@@ -135,18 +135,23 @@ def collect(spec: KernelSpec, batch: Batch, settings: AuditSettings, progress=No
     masters = (prep.target_logits, prep.draft_probs, prep.temperature, prep.top_k, prep.top_p)
     calls = -(-settings.samples // R)
     kernel_seconds = 0.0
-    for _ in range(calls):
+    for call in range(calls):
         for buffer, master in zip(buffers, masters):
             buffer.copy_(master)
         drafts = draw_drafts(prep, R, draft_gen)  # (B, K)
         t0 = time.perf_counter()
         logits, q, temperature, top_k, top_p = buffers
-        tokens = spec(logits, q, drafts.clone(), temperature, top_k, top_p, kernel_gen)
-        kernel_seconds += time.perf_counter() - t0
+        try:
+            tokens = spec(logits, q, drafts.clone(), temperature, top_k, top_p, kernel_gen)
+        except Exception as exc:  # a kernel that crashes on the batch fails the audit; the report says how
+            tallies.violations[-1] = f"the kernel raised {type(exc).__name__}: {str(exc)[:300]}"
+            break
+        finally:
+            kernel_seconds += time.perf_counter() - t0
         tally_call(tallies, prep, tokens, drafts, R, V, rng)
+        tallies.calls = call + 1
         if progress is not None:
             progress(1)
-    tallies.calls = calls
     tallies.kernel_seconds = kernel_seconds
     tallies.harness_seconds = time.perf_counter() - started - kernel_seconds
     return tallies

@@ -29,6 +29,8 @@ from specdec_lab.kernels.scenarios import Batch
 
 POWER = 0.99
 WORST_TOKENS = 5  # tokens shown per rejected law test
+COLUMNS = ["kind", "row", "row_class", "scenario", "position", "pair", "m", "statistic", "pvalue", "tv_plugin",
+           "tv_upper", "note"]
 SHOWN = 8  # rejected tests shown in a report (the worst of each row and kind)
 
 
@@ -105,7 +107,7 @@ def run_tests(batch: Batch, laws: tuple[RowLaw, ...], tallies: Tallies, settings
     if -1 in tallies.violations:
         rows.append({"row": -1, "row_class": "all", "scenario": "whole batch", "kind": "contract", "position": -1,
                      "m": 0, "pvalue": 0.0, "note": tallies.violations[-1]})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows).reindex(columns=COLUMNS)
 
 
 def detectable_tv(laws: tuple[RowLaw, ...], samples: int, level: float) -> float:
