@@ -210,11 +210,14 @@ def rejection_kernel(job: dict) -> dict:
     contract of ``specdec_lab.kernels.contract``. Job: ``inputs`` (a torch file of ``target_logits``
     (B, K+1, V) and ``draft_probs`` (B, K, V), or None to reuse the last), ``draft_tokens`` (B lists,
     -1 padded), per-row ``temperature``, ``top_k`` (0 = off), ``top_p``, ``seed`` (vLLM's global torch
-    generator; requests unseeded) and ``patch_expand`` (:func:`fixed_expand`). Reply: ``tokens`` (B, K+1), -1 padded."""
+    generator; requests unseeded), ``patch_expand`` (:func:`fixed_expand`; CPU only) and ``device`` ("cpu", or
+    "cuda" for vLLM's Triton path). Reply: ``tokens`` (B, K+1), -1 padded."""
     import torch
 
-    cpu_kernels()
-    use_expand(job["patch_expand"])
+    device = job.get("device", "cpu")
+    if device == "cpu":  # the CPU build's kernels; on CUDA vLLM runs its Triton (and FlashInfer) paths
+        cpu_kernels()
+        use_expand(job["patch_expand"])
     from vllm.v1.sample.logits_processor import LogitsProcessors
     from vllm.v1.sample.metadata import SamplingMetadata
     from vllm.v1.sample.rejection_sampler import RejectionSampler
@@ -222,26 +225,27 @@ def rejection_kernel(job: dict) -> dict:
 
     if job["inputs"]:
         KERNEL_INPUTS.update(torch.load(job["inputs"]))
-    logits, q = KERNEL_INPUTS["target_logits"], KERNEL_INPUTS["draft_probs"]  # (B, K+1, V), (B, K, V)
+    logits = KERNEL_INPUTS["target_logits"].to(device)  # (B, K+1, V)
+    q = KERNEL_INPUTS["draft_probs"].to(device)  # (B, K, V)
     B, K1, V = logits.shape
     drafts = job["draft_tokens"]
     n = [sum(1 for t in row if t >= 0) for row in drafts]
-    temperature = torch.tensor(job["temperature"], dtype=torch.float32)
-    top_k = torch.tensor([k if 0 < k < V else V for k in job["top_k"]], dtype=torch.int32)
-    top_p = torch.tensor(job["top_p"], dtype=torch.float32)
+    temperature = torch.tensor(job["temperature"], dtype=torch.float32, device=device)
+    top_k = torch.tensor([k if 0 < k < V else V for k in job["top_k"]], dtype=torch.int32, device=device)
+    top_p = torch.tensor(job["top_p"], dtype=torch.float32, device=device)
     greedy = temperature == 0
     meta = SamplingMetadata(
         temperature=temperature, all_greedy=bool(greedy.all()), all_random=bool((~greedy).all()),
         top_p=None if bool((top_p == 1).all()) else top_p, top_k=None if bool((top_k == V).all()) else top_k,
         generators={}, max_num_logprobs=None, no_penalties=True, prompt_token_ids=None,
-        frequency_penalties=torch.zeros(B), presence_penalties=torch.zeros(B), repetition_penalties=torch.ones(B),
-        output_token_ids=[[] for _ in range(B)], allowed_token_ids_mask=None, bad_words_token_ids={},
-        logitsprocs=LogitsProcessors())
+        frequency_penalties=torch.zeros(B, device=device), presence_penalties=torch.zeros(B, device=device),
+        repetition_penalties=torch.ones(B, device=device), output_token_ids=[[] for _ in range(B)],
+        allowed_token_ids_mask=None, bad_words_token_ids={}, logitsprocs=LogitsProcessors())
     packed = torch.cat([logits[b, : n[b] + 1] for b in range(B)])  # (sum n + B, V)
     draft_probs = torch.cat([q[b, : n[b]] for b in range(B)]).contiguous()  # (sum n, V)
-    torch.manual_seed(job["seed"])
+    torch.manual_seed(job["seed"])  # seeds CUDA's generators too
     out = RejectionSampler(Sampler())(spec_metadata(n, drafts, packed.device), draft_probs, packed, meta)
-    tokens = out.sampled_token_ids.long()  # (B, max n + 1)
+    tokens = out.sampled_token_ids.long().cpu()  # (B, max n + 1)
     full = torch.full((B, K1), -1, dtype=torch.long)
     full[:, : tokens.shape[1]] = tokens
     return {"tokens": full.tolist()}

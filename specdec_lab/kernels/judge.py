@@ -45,6 +45,15 @@ class Verdict:
     report: str  # the readable report
     samples_per_second: float  # scenario-row draws per second of kernel time
     harness_share: float  # the harness's own time / the kernel's time
+    counts: np.ndarray  # (S, K+1, V) tokens emitted per row and position (for plots)
+    laws: tuple[RowLaw, ...]  # the exact law of each row
+
+    def worst(self, n: int = 3) -> list[tuple[str, np.ndarray, np.ndarray]]:
+        """(title, counts, p) of the ``n`` law tests with the smallest Holm p-values (for plots)."""
+        law = self.tests[self.tests["kind"] == "law"].sort_values("holm").head(n)
+        return [(f"row {t.row} [{t.row_class}: {t.scenario}] position {t.position}: Holm p = {t.holm:.2g}, "
+                 f"TV plug-in {t.tv_plugin:.3f}", self.counts[t.row, t.position], self.laws[t.row].p[t.position])
+                for _, t in law.iterrows()]
 
 
 def law_test(counts: np.ndarray, p: np.ndarray, rng: np.random.Generator, confidence: float) -> dict:
@@ -142,7 +151,8 @@ def judge(kernel: str, batch: Batch, laws: tuple[RowLaw, ...], tallies: Tallies,
     draws = tallies.calls * tallies.rows_per_call
     verdict = Verdict(kernel, not tests["rejected"].any(), tests, classes, tuple(sorted(int(r) for r in failed)),
                       power_tv, "", draws / tallies.kernel_seconds if tallies.kernel_seconds else float("nan"),
-                      tallies.harness_seconds / tallies.kernel_seconds if tallies.kernel_seconds else float("nan"))
+                      tallies.harness_seconds / tallies.kernel_seconds if tallies.kernel_seconds else float("nan"),
+                      tallies.counts, laws)
     return replace(verdict, report=report(verdict, tallies, laws, settings))
 
 

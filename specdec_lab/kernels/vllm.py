@@ -31,8 +31,9 @@ from specdec_lab.kernels.contract import KernelSpec
 class VllmRejectionSampler:
     """The contract's callable; remembers the last batch sent so repeated calls send only drafts and settings."""
 
-    def __init__(self, patch_expand: bool = False) -> None:
+    def __init__(self, patch_expand: bool = False, device: str = "cpu") -> None:
         self.patch_expand = patch_expand
+        self.device = device
         self.folder = Path(tempfile.mkdtemp(prefix="specdec-kernel-vllm-"))
         self.sent: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -50,15 +51,16 @@ class VllmRejectionSampler:
         job = {"tool": "rejection_kernel", "inputs": self.inputs_file(target_logits, draft_probs),
                "draft_tokens": draft_tokens.tolist(), "temperature": temperature.tolist(), "top_k": top_k.tolist(),
                "top_p": top_p.tolist(), "seed": int(torch.randint(2**62, (1,), generator=generator)),
-               "patch_expand": self.patch_expand}
+               "patch_expand": self.patch_expand, "device": self.device}
         return torch.tensor(vllm_adapter.tools().ask(job, timeout=600)["tokens"], dtype=torch.long)
 
 
-def vllm_kernel(patch_expand: bool = False) -> KernelSpec:
-    """vLLM's CPU rejection sampler as a :class:`~specdec_lab.kernels.contract.KernelSpec` (needs ``make vllm``)."""
-    name = "vllm_cpu_rejection_sampler" + ("+fixed_expand" if patch_expand else "")
-    return KernelSpec(name, VllmRejectionSampler(patch_expand),
-                      description=f"vLLM {vllm_adapter.VERSION} RejectionSampler.forward, CPU build"
+def vllm_kernel(patch_expand: bool = False, device: str = "cpu") -> KernelSpec:
+    """vLLM's rejection sampler as a :class:`~specdec_lab.kernels.contract.KernelSpec`: the CPU build (needs
+    ``make vllm``), or on ``device="cuda"`` a CUDA vLLM's Triton path (``benchmarks/vllm_cuda_kernels.py``)."""
+    name = f"vllm_{device}_rejection_sampler" + ("+fixed_expand" if patch_expand else "")
+    return KernelSpec(name, VllmRejectionSampler(patch_expand, device),
+                      description=f"vLLM RejectionSampler.forward on {device}"
                                   + (", expand_kernel patched" if patch_expand else ""))
 
 
