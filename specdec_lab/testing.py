@@ -51,7 +51,7 @@ def assert_lossless_kernel(kernel: Kernel | KernelSpec, *, samples: int = 2_000,
     -----
     Power: the report states the smallest TV at position 0 of any row that the audit detects with
     probability ≥ 0.99 at this budget (worst-case noncentral χ², :mod:`specdec_lab.kernels.judge`).
-    At the default 2,000 draws per row and V = 32,000 that is a TV of about 0.1; the size is ``alpha``.
+    At the default 2,000 draws per row and V = 32,000 that is a TV of 0.11; the size is ``alpha``.
     """
     batch = scenarios if scenarios is not None else standard_batch(vocab_size, k, seed)
     verdict = audit_kernel(kernel, batch, AuditSettings(samples=samples, seed=seed, alpha=alpha))

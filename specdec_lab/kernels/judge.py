@@ -60,10 +60,9 @@ def law_test(counts: np.ndarray, p: np.ndarray, rng: np.random.Generator, confid
     """One row and position: Pearson with its tail test (Bonferroni), TV plug-in and certified bound."""
     m = int(counts.sum())
     impossible = counts[p == 0].sum()
-    if impossible:
-        return {"m": m, "statistic": np.inf, "pvalue": 0.0, "tv_plugin": stats.tv_plugin(np.where(p > 0, counts, 0), p)
-                if counts[p > 0].sum() else 1.0, "tv_upper": 1.0,
-                "note": f"{int(impossible)} draws on tokens of probability 0"}
+    if impossible:  # a certain rejection; TV is at least the mass on impossible tokens
+        return {"m": m, "statistic": np.inf, "pvalue": 0.0, "tv_plugin": np.nan, "tv_upper": 1.0,
+                "note": f"{int(impossible):,} of {m:,} draws ({impossible / m:.1%}) on tokens of probability 0"}
     test = stats.chisquare_identity(counts, p, rng=rng)
     pvalue = test.pvalue if np.isnan(test.tail_pvalue) else min(1.0, 2 * min(test.pvalue, test.tail_pvalue))
     bound = stats.tv_upper_bound(counts, p, confidence=confidence)
@@ -175,8 +174,8 @@ def report(verdict: Verdict, tallies: Tallies, laws: tuple[RowLaw, ...], setting
     for _, t in worst.head(SHOWN).iterrows():
         where = f"row {t.row} [{t.row_class}: {t.scenario}]" if t.row >= 0 else "the batch"
         if t.kind == "law":
-            lines.append(f"  {where} position {t.position}: emitted law ≠ p (m = {t.m:,}, Holm p = {t.holm:.2g}, "
-                         f"TV plug-in {t.tv_plugin:.3f}, TV ≤ {t.tv_upper:.3f}) {t.note}".rstrip())
+            tv = f"TV plug-in {t.tv_plugin:.3f}, TV ≤ {t.tv_upper:.3f}" if t.tv_plugin == t.tv_plugin else t.note
+            lines.append(f"  {where} position {t.position}: emitted law ≠ p (m = {t.m:,}, Holm p = {t.holm:.2g}, {tv})")
             lines += worst_tokens(tallies.counts[t.row, t.position], laws[t.row].p[t.position])
         elif t.kind == "independence":
             lines.append(f"  {where} and row {int(t.pair)}: position-0 tokens of one call are dependent "
