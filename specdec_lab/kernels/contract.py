@@ -70,7 +70,8 @@ def target_laws(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Te
     :func:`~specdec_lab.sampling.to_probs`), one call per distinct setting.
 
     >>> logits = torch.tensor([[2.0, 1.0, 0.0], [2.0, 1.0, 0.0]])
-    >>> target_laws(logits, torch.tensor([1.0, 0.0]), torch.tensor([2, 0]), torch.tensor([1.0, 1.0])).round(decimals=4).tolist()
+    >>> laws = target_laws(logits, torch.tensor([1.0, 0.0]), torch.tensor([2, 0]), torch.tensor([1.0, 1.0]), torch.float64)
+    >>> laws.round(decimals=4).tolist()
     [[0.7311, 0.2689, 0.0], [1.0, 0.0, 0.0]]
     """
     out = torch.empty(logits.shape, dtype=dtype, device=logits.device)
@@ -93,8 +94,10 @@ def contract_violations(tokens: torch.Tensor, draft_tokens: torch.Tensor, vocab_
     and every position before the last emitted one equal to its draft (an accepted draft).
 
     >>> drafts = torch.tensor([[3, 1], [2, -1]])
-    >>> contract_violations(torch.tensor([[3, 0, -1], [2, 5, -1]]), drafts, 6)
-    [(1, 'emitted 2 tokens with 1 drafts (at most n + 1)')]
+    >>> contract_violations(torch.tensor([[3, 0, -1], [2, 5, -1]]), drafts, 6)  # row 1 rejected its draft: fine
+    []
+    >>> [text for _, text in contract_violations(torch.tensor([[3, 0, -1], [2, 5, 4]]), drafts, 6)]
+    ['emitted 3 tokens with 1 drafts (at most n + 1)', 'an accepted position differs from its draft: emitted [2, 5, 4], drafts [2, -1]']
     """
     B, K = draft_tokens.shape
     if tokens.shape != (B, K + 1) or tokens.dtype != torch.int64:
