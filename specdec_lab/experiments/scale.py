@@ -41,7 +41,7 @@ class Scale:
     kernel_vocab: int = 32_000  # notebook 09: the vocabulary of the kernels that must pass (Llama-2's)
     kernel_samples: int = 400  # draws per scenario row for those kernels
     kernel_control_vocab: int = 4_000  # notebook 09: the negative controls' vocabulary (their faults are large)
-    kernel_control_samples: int = 300  # draws per scenario row for each control
+    kernel_control_samples: int = 600  # draws per scenario row for each control (300 misses the greedy-uniforms pair)
 
 
 SCALES = {
