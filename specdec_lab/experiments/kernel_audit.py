@@ -55,3 +55,10 @@ def vllm_audits(scale: Scale) -> dict[str, Verdict] | None:
             "as shipped (all rows)": audit(vllm_kernels.vllm_kernel(), batch, scale.kernel_control_samples),
             "expand_kernel patched": audit(vllm_kernels.vllm_kernel(patch_expand=True), batch,
                                            scale.kernel_control_samples)}
+
+
+def vllm_summary(verdicts: dict[str, Verdict] | None, chars: int = 1500) -> str:
+    """The reports of :func:`vllm_audits` (each cut at ``chars``), or why they were skipped."""
+    if verdicts is None:
+        return "SKIPPED: vLLM's environment is missing (run `make vllm`, or set SPECDEC_LAB_VLLM_PYTHON)"
+    return "\n\n".join(f"--- {label}\n{verdict.report[:chars]}" for label, verdict in verdicts.items())
