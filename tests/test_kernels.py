@@ -202,3 +202,14 @@ class TestEngines:
         crashed = audit_kernel(vllm_kernels.vllm_kernel(), SMALL, AuditSettings(samples=300))
         assert not crashed.passed and "the kernel raised" in crashed.report
         assert_lossless_kernel(vllm_kernels.vllm_kernel(patch_expand=True), samples=500, scenarios=SMALL)
+
+
+def test_notebook_helpers():
+    from specdec_lab.experiments import kernel_audit
+
+    batch = standard_batch(vocab_size=500, k=3)
+    verdict = kernel_audit.audit(LOSSLESS, batch, 100)
+    table = kernel_audit.batch_table(batch, verdict)
+    assert list(table["drafts"]) == [row.n_drafts for row in batch.rows]
+    assert kernel_audit.vllm_summary(None).startswith("SKIPPED")
+    assert len(verdict.worst(2)) == 2 and verdict.worst(1)[0][1].sum() > 0
