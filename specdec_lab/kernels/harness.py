@@ -30,11 +30,8 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import pandas as pd
 import torch
-from scipy import stats as sps
 
-from specdec_lab import stats
 from specdec_lab.kernels.contract import KernelSpec, contract_violations
 from specdec_lab.kernels.law import RowLaw, kernel_draft_law, row_law
 from specdec_lab.kernels.scenarios import Batch
