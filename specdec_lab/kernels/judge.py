@@ -180,6 +180,8 @@ def report(verdict: Verdict, tallies: Tallies, laws: tuple[RowLaw, ...], setting
         elif t.kind == "independence":
             lines.append(f"  {where} and row {int(t.pair)}: position-0 tokens of one call are dependent "
                          f"(z = {t.statistic:+.1f}, {t.note}, Holm p = {t.holm:.2g})")
+        elif t.row < 0:
+            lines.append(f"  the whole batch: {t.note}")
         else:
             lines.append(f"  {where} position {t.position}: {t.kind} — {t.note} (Holm p = {t.holm:.2g})")
     return "\n".join(lines)
