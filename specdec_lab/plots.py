@@ -619,3 +619,37 @@ def detection_power(power: pd.DataFrame, level: float = 0.9) -> Figure:
     m = int(power["m"].iloc[0])
     return _finish(fig, ax, f"What the suite can see at m = {m:,}: power against planted faults",
                    legend=dict(fontsize=8))
+
+
+def kernel_tests(tests: pd.DataFrame, title: str) -> Figure:
+    """A kernel audit at a glance: −log10 of each law and acceptance test's Holm-adjusted p-value by
+    scenario row and position (darker = stronger evidence against the kernel; 3 is α = 0.001)."""
+    cells = tests[tests["kind"].isin(["law", "acceptance"])].copy()
+    cells["evidence"] = -np.log10(cells["holm"].clip(lower=1e-300))
+    cells["test"] = cells["kind"] + " @" + cells["position"].astype(int).astype(str)
+    grid = cells.pivot_table(index="row", columns="test", values="evidence", aggfunc="max")
+    fig, ax = _new((11, 0.45 * len(grid) + 2))
+    sns.heatmap(grid.clip(upper=10), ax=ax, cmap="rocket_r", vmin=0, vmax=10, linewidths=0.5,
+                cbar_kws={"label": "−log10 Holm p (capped at 10)"})
+    ax.set_ylabel("scenario row")
+    ax.set_xlabel("")
+    ax.set_title(_wrap(title, 11))
+    fig.tight_layout()
+    return fig
+
+
+def kernel_rows(panels: list[tuple[str, np.ndarray, np.ndarray]], top: int = 20) -> Figure:
+    """Observed against exact mass for the ``top`` tokens of largest gap, one panel per (title, counts, p)."""
+    fig, axes = _grid(len(panels), 1, (10, 3.2 * len(panels)))
+    for ax, (title, counts, p) in zip(axes[:, 0], panels):
+        observed = counts / max(1, counts.sum())
+        order = np.argsort(-np.abs(observed - p))[:top]
+        x = np.arange(len(order))
+        ax.bar(x - 0.2, observed[order], width=0.4, label="observed")
+        ax.bar(x + 0.2, p[order], width=0.4, label="exact p", color=sns.color_palette()[2])
+        ax.set_xticks(x, [str(t) for t in order], rotation=90, fontsize=8)
+        ax.set_ylabel("mass")
+        ax.set_title(_wrap(title, 10, 11), fontsize=11)
+        ax.legend(fontsize=9)
+    fig.tight_layout()
+    return fig

@@ -22,7 +22,7 @@ LAYERS = {
     "samplers": ["samplers.*"],
     "engines": ["adapters.*"],
     "collection": ["collect", "exact"],
-    "statistics": ["suite", "report"],
+    "statistics": ["suite", "report", "kernels.*", "testing"],
     "jobs": ["verify", "audit", "bench", "coverage_study", "training.*"],
     "front": ["cli", "experiments.*"],
 }

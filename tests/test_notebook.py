@@ -28,7 +28,7 @@ class TestScale:
     def test_full_is_larger_everywhere(self):
         ci, full = scale.SCALES["ci"], scale.SCALES["full"]
         for field in ("samples", "control_samples", "replicates", "replicate_samples", "power_reps", "chains",
-                      "audit_samples"):
+                      "audit_samples", "kernel_vocab", "kernel_samples", "kernel_control_vocab", "kernel_control_samples"):
             assert getattr(full, field) >= getattr(ci, field), field
 
     def test_default_device(self):

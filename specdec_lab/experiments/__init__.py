@@ -16,6 +16,7 @@ notebook                                   module
 06_speedup_calibrator                      :mod:`~specdec_lab.experiments.speedup_calibrator`
 07_auditing_engines                        :mod:`~specdec_lab.experiments.engine_audits`
 08_serving_configs                         :mod:`~specdec_lab.experiments.serving_configs`
+09_kernel_audit                            :mod:`~specdec_lab.experiments.kernel_audit`
 ========================================  =============================================
 
 The scale knob (``SPECDEC_LAB_SCALE=ci|full``) and the notebooks' start-up live in
