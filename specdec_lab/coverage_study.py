@@ -106,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline-reps", type=int, default=300)
     parser.add_argument("--laws", default="first,joint", help="which laws: first, joint or both")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--multiples", default=",".join(map(str, TV_MULTIPLES)),
+                        help="planted TVs, in units of the bound expected under H0 (joint laws: the first one only "
+                             "with --joint-multiples)")
+    parser.add_argument("--joint-multiples", default=None, help="planted TVs on the joint laws (default: --multiples)")
     parser.add_argument("--out", type=Path, default=Path("reports/coverage"))
     args = parser.parse_args(argv)
     started = time.time()
@@ -115,16 +119,21 @@ def main(argv: list[str] | None = None) -> int:
     baseline = load_baseline(args.baseline) if args.baseline else None
     plans = plan_table(laws)  # the cases run at the m this bound plans; the baseline's plans come last
     planned = dict(zip(plans["law"], plans["m planned"]))
-    jobs = [{"law": law, "p": p, "m": int(planned[law]), "alternative": alt, "multiple": mult,
-             "reps": args.reps, "baseline": args.baseline, "baseline_reps": args.baseline_reps,
-             "seed": [i, 31]}
-            for i, (law, p, alt, mult) in enumerate(
-                (law, p, alt, mult) for law, p in laws.items() for alt in ALTERNATIVES
-                for mult in ((1.0,) if alt == "null" else TV_MULTIPLES))]
+    multiples = {"first": [float(v) for v in args.multiples.split(",")]}
+    multiples["joint"] = [float(v) for v in (args.joint_multiples or args.multiples).split(",")]
+    order = sorted(laws, key=lambda law: law.endswith("joint"))  # the quick first-token laws first
+    cases = [(law, alt, mult) for law in order for alt in ALTERNATIVES
+             for mult in ((1.0,) if alt == "null" else multiples[law.rsplit(" ", 1)[1]])]
+    jobs = [{"law": law, "p": laws[law], "m": int(planned[law]), "alternative": alt, "multiple": mult,
+             "reps": args.reps, "baseline": args.baseline, "baseline_reps": args.baseline_reps, "seed": [i, 31]}
+            for i, (law, alt, mult) in enumerate(cases)]
+    folder = args.out / time.strftime("%Y%m%d-%H%M%S")
+    folder.mkdir(parents=True, exist_ok=True)
     with ProcessPoolExecutor(args.workers) as pool:
         rows = []
         for row in pool.map(_case, jobs):
             rows.append(row)
+            pd.DataFrame(rows).to_csv(folder / "coverage.csv", index=False)  # a killed run keeps its cases
             print(f"{row['law']:>26} {row['alternative']:>15} x{row['TV / H0 bound']}: misses {row['misses']}"
                   f"/{row['replicates']}, median {row['median bound']:.4f} (baseline {row['baseline median']:.4f})",
                   flush=True)
@@ -135,8 +144,6 @@ def main(argv: list[str] | None = None) -> int:
     table["misses too many"] = sps.binom.sf(table["misses"] - 1, table["replicates"], 0.01) < 0.01
     if baseline is not None:
         table["median / baseline"] = table["median bound"] / table["baseline median"]
-    folder = args.out / time.strftime("%Y%m%d-%H%M%S")
-    folder.mkdir(parents=True, exist_ok=True)
     table.to_csv(folder / "coverage.csv", index=False)
     plans.to_csv(folder / "plan.csv", index=False)
     text = (f"# Coverage of the 99% TV bound ({args.reps} replicates per case)\n\n"
