@@ -337,6 +337,12 @@ def sample_offline(prompt: torch.Tensor, n: int, length: int, config: VllmOfflin
             totals[key] = totals.get(key, 0) + value
     bar.close()
     totals["emitted_tokens"] = n * length
+    if config.method != "none":  # vLLM's counters attribute drafts to token 2 exactly at L = 2 (specdec_lab.drafting)
+        from specdec_lab.drafting import position_two_from_counters
+
+        totals.update(position_two_from_counters({"verify_steps": totals.get("draft_steps", 0),
+                                                  "accepted_first": totals.get("accepted_first", 0)},
+                                                 length, "uncapped"))
     return SampleResult(torch.tensor(rows[:n], dtype=torch.long), None, totals)
 
 
@@ -438,7 +444,9 @@ def endpoint_config(server: VllmServer, sampling: SamplingConfig, method: str, k
     return EndpointConfig(server.base_url, "target", sampling, extra=(("ignore_eos", True),),
                           n_per_request=n_per_request, logprobs=1, server=server_label(method, k),
                           seed_high=SEED_HIGH, seed_step=n_per_request, concurrency=concurrency,
-                          min_tokens=True, timeout=120.0, max_rate=1000.0, progress=progress)
+                          min_tokens=True, timeout=120.0, max_rate=1000.0, progress=progress,
+                          speculative=method != "none", server_metrics=method != "none",
+                          drafting_rule="uncapped" if method != "none" else None)
 
 
 # ---------------------------------------------------------------- the finding, reproduced

@@ -32,11 +32,15 @@ SPEC_COUNTERS = {"vllm:spec_decode_num_drafts": "draft_steps",
 
 
 def spec_counters(llm) -> dict:
-    """vLLM's own spec-decode counters (cumulative), by our names; zeros without speculation."""
-    totals = dict.fromkeys(SPEC_COUNTERS.values(), 0)
+    """vLLM's own spec-decode counters (cumulative), by our names; zeros without speculation.
+    ``accepted_first``: accepted draft tokens at the first draft position of a step (the per-position
+    counter ``vllm:spec_decode_num_accepted_tokens_per_pos``, position 0)."""
+    totals = dict.fromkeys([*SPEC_COUNTERS.values(), "accepted_first"], 0)
     for metric in llm.get_metrics():
         if metric.name in SPEC_COUNTERS and hasattr(metric, "value"):
             totals[SPEC_COUNTERS[metric.name]] += int(metric.value)
+        if metric.name == "vllm:spec_decode_num_accepted_tokens_per_pos" and getattr(metric, "values", None):
+            totals["accepted_first"] += int(metric.values[0])
     return totals
 
 
