@@ -43,10 +43,13 @@ from specdec_lab.suite import SuiteResult, SuiteSettings, run_suite, score
 # 0.999 at T = 1, the same as the token-1 bound after "ROMEO:\n"), while token 2 — the first drafted one — keeps
 # a broad law (top token 0.13), so drafts are rejected often enough to exercise the residual.
 DEFAULT_PROMPT = "HAMLET."
-# Prompt lookup drafts only where the context's last n-gram recurs in it: this prompt repeats its speaker tag, so
-# after token 1 (the newline) the lookup finds "HAMLET.\n" and proposes the line that followed it (token 2 is
-# drafted in every sample), and later tokens find 1-gram matches in the line.
-LOOKUP_PROMPT = "HAMLET.\nTo be, or not to be, that is the question.\nHAMLET."
+# Prompt lookup drafts only where the context's last n-gram recurs in it, and keeps drafting only while the
+# continuation follows the context: this prompt repeats a line the target knows and stops inside a word, so
+# token 1 is concentrated ("u", p = 0.992), the lookup finds "plag" + "u" earlier and drafts the rest of the line
+# ("e o' both your houses!"), token 2 is that draft's "e" with p = 0.84, and later steps keep finding the line.
+# (After a repeated speaker tag, "HAMLET.\n…\nHAMLET.", token 2 is drafted in every sample too, but the target
+# rarely copies the line — 4 of 300 accepted — so only 60% of the later steps find an n-gram to draft from.)
+LOOKUP_PROMPT = "MERCUTIO.\nA plague o' both your houses!\nMERCUTIO.\nA plag"
 EXPECTED = ("lossless", "negative control")
 NEGATIVE_CONTROL_SAMPLES = 3000  # a wrong law at TV ≈ 0.1 is rejected with power ≈ 1 at this size
 

@@ -103,6 +103,20 @@ def test_prompt_lookup_speculation_not_rejected(server_url, pair, tmp_path):
     assert "prompt-lookup" in result.name
 
 
+def test_prompt_lookup_drafts_token_two_per_its_draft_calls(server_url, pair, tmp_path):
+    """The default lookup prompt repeats its speaker tag, so llama-cpp-python's lookup drafts token 2 in every
+    sample and drafts on at least 80% of its steps (its own draft calls, logged by the server)."""
+    from specdec_lab.audit import LOOKUP_PROMPT as DEFAULT_LOOKUP
+
+    result = audit(pair, config(server_url, "target-lookup", speculative=True, drafting_rule="lookup-calls"), 300, 3,
+                   tmp_path / "lookup-calls.parquet", prompt=DEFAULT_LOOKUP, seed=23, settings=SETTINGS,
+                   progress=False)
+    stats_ = result.samples.meta["stats"]
+    assert result.drafting.position == 2 and result.drafting.share == 1.0, result.summary()["drafted share"]
+    assert stats_["draft_calls_drafting"] >= 0.8 * stats_["draft_calls"], stats_
+    assert result.suite.verdict != "rejected", result.tests()
+
+
 def test_llama_cpp_default_sampler_rejected(server_url, pair, prompt, tmp_path):
     """Negative control: llama.cpp's own defaults (top-k 40, min-p 0.05, repeat penalty 1.1) at T = 1."""
     m = 1000

@@ -306,7 +306,8 @@ def sample_endpoint(pair, prompt: torch.Tensor, n: int, length: int, config: End
         counts.update(position_two_from_counters(counts, length, config.drafting_rule))
     if lookup:
         calls = client.get(LOOKUP_ROUTE)["calls"][calls_before:]
-        counts.update(lookup_positions(calls, outcomes, len(prompt), length))
+        counts.update(lookup_positions(calls, outcomes, len(prompt), length),
+                      draft_calls=len(calls), draft_calls_drafting=sum(1 for _, draft in calls if len(draft)))
     return SampleResult(torch.tensor(rows, dtype=torch.long), None, counts)
 
 
