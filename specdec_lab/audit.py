@@ -100,7 +100,8 @@ def implementation_label(described: dict) -> str:
         return f"HF transformers {described['transformers_version']} {described['mode']}{k}"
     if described.get("sampler") == "vllm_offline":
         k = f" K={described['k']}" if "k" in described else ""
-        return f"vLLM {described['vllm_version']} offline, {described['method']}{k}"
+        patch = f" + our {described['patch']} fix" if described.get("patch") else ""
+        return f"vLLM {described['vllm_version']} offline, {described['method']}{k}{patch}"
     if described.get("sampler") == "endpoint":
         server = described.get("server") or "OpenAI-compatible server"
         return f"{server} `{described['model']}`"
@@ -355,6 +356,9 @@ def add_audit_parser(sub) -> None:
     path.add_argument("--serve", dest="serve", action="store_true", help="vllm serve on loopback, via the endpoint adapter")
     vl.add_argument("--head", default=None, help="Medusa/EAGLE/EAGLE-3 head directory in vLLM's layout")
     vl.add_argument("--n-per-request", type=int, default=8, help="vLLM's n (completions per request)")
+    vl.add_argument("--patch", default=None, choices=["vllm-cpu-expand"],
+                    help="opt-in fix of ours applied inside the worker (specdec_lab/patches; the installed vLLM files "
+                         "stay as they are): vllm-cpu-expand gives the CPU expand_batch_to_tokens a float path")
     vl.add_argument("--concurrency", type=int, default=4, help="requests in flight (--serve)")
     _pair_and_common_args(vl, samples=3000, length=2)  # vLLM's counters attribute token 2 exactly at L = 2
     vl.set_defaults(func=cmd_audit, serve=False)
@@ -402,7 +406,7 @@ def _sampler_from_args(args, sampling: SamplingConfig):
         from specdec_lab.adapters.vllm import VllmOfflineConfig
 
         return VllmOfflineConfig(method=args.method, sampling=sampling, k=args.k, draft=args.head,
-                                 n_per_request=args.n_per_request, progress=not args.quiet)
+                                 n_per_request=args.n_per_request, progress=not args.quiet, patch=args.patch)
     if args.kind == "hf":
         return HFGenerateConfig(mode=args.mode, sampling=sampling, k=args.k, schedule=args.schedule,
                                 confidence_threshold=args.confidence_threshold, progress=not args.quiet)

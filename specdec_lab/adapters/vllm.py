@@ -288,19 +288,31 @@ class VllmOfflineConfig:
     draft: str | None = None
     n_per_request: int = 8
     progress: bool = True
+    patch: str | None = None  # an opt-in fix of ours applied in the worker (specdec_lab.patches.PATCHES), or None
 
     def __post_init__(self) -> None:
+        from specdec_lab.patches import PATCHES
+
         serving_config(self.method, self.k, draft=None if self.draft is None else Path(self.draft))
         if self.n_per_request < 1:
             raise ValueError(f"n_per_request must be >= 1, got {self.n_per_request!r}")
+        if self.patch is not None and self.patch not in PATCHES:
+            raise ValueError(f"unknown patch {self.patch!r}; valid: {', '.join(PATCHES)}")
 
     @property
     def engine(self) -> dict:
-        return engine_kwargs(self.method, self.k, None if self.draft is None else Path(self.draft))
+        engine = engine_kwargs(self.method, self.k, None if self.draft is None else Path(self.draft))
+        if self.patch is not None:
+            from specdec_lab.patches import PATCHES
+
+            engine["specdec_lab_patch"] = str(REPO / PATCHES[self.patch])
+        return engine
 
     def describe(self) -> dict:
         described = {"sampler": "vllm_offline", "vllm_version": VERSION, "method": self.method,
                      "n_per_request": self.n_per_request, **self.sampling.describe()}
+        if self.patch is not None:
+            described["patch"] = self.patch
         if self.method != "none":
             described["k"] = self.k
         if self.draft:

@@ -212,6 +212,14 @@ def start_engine(engine: dict, reply):
     folders included (``vllm/config/speculative.py``, "Automatically detect the method"). A row would
     then be labelled with a method vLLM did not run, so that is refused here, from vLLM's own resolved config."""
     try:
+        patch = engine.pop("specdec_lab_patch", None)
+        if patch is not None:  # an opt-in fix of ours (specdec_lab/patches), loaded by path: stdlib, torch, vLLM only
+            import importlib.util
+
+            spec = importlib.util.spec_from_file_location("specdec_lab_patch", patch)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            print(f"specdec-lab patch applied: {module.apply()}", file=sys.stderr)
         from vllm import LLM
         from vllm.engine.arg_utils import EngineArgs
 
