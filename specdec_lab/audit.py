@@ -480,7 +480,7 @@ def cmd_audit(args) -> int:
         print()
         print(pd.DataFrame([row])[columns].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     print(f"\n{row['implementation']}: {row['in words']}\nsamples: {out}")
-    print(f"bounded: TV of the joint law of tokens {row['bounded positions']} ≤ {row['TV upper 99%']:.4f} at 99% "
+    print(f"bounded: TV of tokens {row['bounded positions']} ≤ {row['TV upper 99%']:.4f} at 99% "
           f"(token 1 alone, the plain-sampling control: ≤ {row['TV upper 99% (token 1)']:.4f}); drafted share "
           f"{row['drafted share']}, acceptance there {row['acceptance'] or 'n/a'} ({result.drafting.source or '—'}); "
           f"verdict: {row['verdict']}")

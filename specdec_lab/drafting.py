@@ -18,6 +18,8 @@ sums them over batches):
   replaced by the verifier's own sample). A bonus token after a fully accepted block is *not*
   drafted: nothing was proposed for its position.
 - ``accepted@t``: of those, samples whose draft token at t was accepted.
+- ``sequences`` (counter-based engines only): the sequences the engine ran, the share's denominator (vLLM
+  runs whole requests of n completions, a few more than the samples kept; an endpoint's refused samples ran too).
 
 Where they come from:
 
@@ -125,6 +127,7 @@ def drafting_evidence(stats: dict, samples: int, speculative: bool, source: str 
         return Drafting(True, tuple(positions), source=source, reason=UNATTRIBUTED)
     position = max(found, key=lambda t: (found[t][0], -t))
     drafted, accepted = found[position]
+    samples = int(stats.get("sequences", samples))  # counters count every sequence the engine ran
     return Drafting(True, tuple(positions), position, drafted / samples,
                     accepted / drafted if drafted else None, source)
 

@@ -157,4 +157,4 @@ def test_cli_audit_hf(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert code in (0, 1)  # 30 samples cannot reach equivalence; the verdict is printed either way
     assert "HF transformers" in printed and "plain" in printed and out.exists()
-    assert "joint law of tokens 1–2 (joint)" in printed and "no speculation" in printed
+    assert "TV of tokens 1–2 (joint)" in printed and "no speculation" in printed

@@ -303,7 +303,7 @@ def sample_endpoint(pair, prompt: torch.Tensor, n: int, length: int, config: End
     if config.drafting_rule in COUNTER_RULES:
         from specdec_lab.drafting import position_two_from_counters
 
-        counts.update(position_two_from_counters(counts, length, config.drafting_rule))
+        counts.update(position_two_from_counters(counts, length, config.drafting_rule), sequences=len(outcomes))
     if lookup:
         calls = client.get(LOOKUP_ROUTE)["calls"][calls_before:]
         counts.update(lookup_positions(calls, outcomes, len(prompt), length),

@@ -355,6 +355,7 @@ def sample_offline(prompt: torch.Tensor, n: int, length: int, config: VllmOfflin
         totals.update(position_two_from_counters({"verify_steps": totals.get("draft_steps", 0),
                                                   "accepted_first": totals.get("accepted_first", 0)},
                                                  length, "uncapped"))
+        totals["sequences"] = requests * config.n_per_request  # whole requests ran: the counters' denominator
     return SampleResult(torch.tensor(rows[:n], dtype=torch.long), None, totals)
 
 
