@@ -356,6 +356,8 @@ def add_audit_parser(sub) -> None:
     path.add_argument("--serve", dest="serve", action="store_true", help="vllm serve on loopback, via the endpoint adapter")
     vl.add_argument("--head", default=None, help="Medusa/EAGLE/EAGLE-3 head directory in vLLM's layout")
     vl.add_argument("--n-per-request", type=int, default=8, help="vLLM's n (completions per request)")
+    vl.add_argument("--job-size", type=int, default=2048,
+                    help="samples per LLM.generate call (smaller: a long prompt's prefill stays in one step)")
     vl.add_argument("--patch", default=None, choices=["vllm-cpu-expand"],
                     help="opt-in fix of ours applied inside the worker (specdec_lab/patches; the installed vLLM files "
                          "stay as they are): vllm-cpu-expand gives the CPU expand_batch_to_tokens a float path")
@@ -406,7 +408,8 @@ def _sampler_from_args(args, sampling: SamplingConfig):
         from specdec_lab.adapters.vllm import VllmOfflineConfig
 
         return VllmOfflineConfig(method=args.method, sampling=sampling, k=args.k, draft=args.head,
-                                 n_per_request=args.n_per_request, progress=not args.quiet, patch=args.patch)
+                                 n_per_request=args.n_per_request, progress=not args.quiet, patch=args.patch,
+                                 job_size=args.job_size)
     if args.kind == "hf":
         return HFGenerateConfig(mode=args.mode, sampling=sampling, k=args.k, schedule=args.schedule,
                                 confidence_threshold=args.confidence_threshold, progress=not args.quiet)

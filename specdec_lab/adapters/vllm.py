@@ -289,6 +289,9 @@ class VllmOfflineConfig:
     n_per_request: int = 8
     progress: bool = True
     patch: str | None = None  # an opt-in fix of ours applied in the worker (specdec_lab.patches.PATCHES), or None
+    # samples per LLM.generate call; smaller keeps a long prompt's prefill in one step (vLLM 0.32's CPU engine dies with
+    # "CPU Generator does not use offset" when a seeded request's prefill is chunked: see docs/audit-vllm.md)
+    job_size: int = 2048
 
     def __post_init__(self) -> None:
         from specdec_lab.patches import PATCHES
@@ -320,7 +323,7 @@ class VllmOfflineConfig:
         return described
 
     def draw(self, pair, prompt, n, length, generator) -> SampleResult:
-        return sample_offline(prompt, n, length, self, generator)
+        return sample_offline(prompt, n, length, self, generator, chunk=self.job_size)
 
 
 def job(prompt: torch.Tensor, seeds: list[int], n_per_request: int, length: int, sampling: SamplingConfig) -> dict:
