@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 CORE_STAMP := $(VENV)/.core-installed
 STAMP := $(VENV)/.installed
 
-.PHONY: verify test bench train train-medusa train-eagle train-eagle3 clean-venv notebooks lab browser llama-cpp vllm
+.PHONY: verify test bench coverage train train-medusa train-eagle train-eagle3 clean-venv notebooks lab browser llama-cpp vllm
 
 $(CORE_STAMP): requirements-core.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,13 @@ verify: $(CORE_STAMP)
 # ARGS="--device cuda" on a GPU.
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py $(ARGS)
+
+# The coverage study of the 99% TV bound (docs/method.md#coverage-of-the-bound): every verify row's first-token
+# and joint two-token laws, seven planted alternatives at three TVs, 2,000 replicates each, against the bound of
+# the commit before the Hölder bound (404fc17) on 300 of them; writes reports/coverage/<timestamp>/. Not part of
+# `make test` (which runs a 1,000-replicate version on two laws). ARGS="--reps 500" for a quicker look.
+coverage: $(CORE_STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/python -m specdec_lab.coverage_study --baseline 404fc17 $(ARGS)
 
 # The audit tests' real llama.cpp server: llama-cpp-python built for the CPU from its pinned sdist,
 # and llama.cpp's HF -> GGUF converter extracted from the same sdist (see specdec_lab/adapters/llamacpp.py).

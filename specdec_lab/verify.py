@@ -65,11 +65,8 @@ class Scale:
 # Sample sizes. A lossless row's m is planned from the exact law after its prompt at its settings
 # (stats.plan_bound_by_simulation): the smallest m at which a correct sampler's bound is below the
 # tolerance with probability 0.999, so each lossless row turns out inconclusive with probability
-# about 0.001. On the bundled pair that gives, for the first-token bound at 0.02, m ≈ 70,000 at T = 1
-# after "ROMEO:\n", 54,000 at T = 0.7, 40,000 with top-p 0.9 and 61,000 at T = 1 after "ROMEO.\n"
-# (the Medusa rows); at 0.01 about 4x that; for the joint two-token bound at 0.025, 470,000 at T = 1.
-# (stats.plan_tv_bound_samples, the bound at its expectation, says 30,000 for the first: the
-# simulated mean is ≈ 10% above that expectation and the bound spreads by ≈ 15% sd.)
+# about 0.001. The numbers per row (first-token bound at 0.02, and the joint two-token bound at 0.025
+# for the full scale) are in docs/method.md's planner table (`make coverage` prints them).
 SCALES = {
     "smoke": Scale(1_000, 2_000, None, 0.02, medusa=False, n_resamples=999),  # tests the pipeline, lossless verdicts inconclusive
     "default": Scale(None, 10_000, None, 0.02),  # first-token bound <= 0.02; joint bound reported

@@ -23,7 +23,7 @@ LAYERS = {
     "engines": ["adapters.*"],
     "collection": ["collect", "exact"],
     "statistics": ["suite", "report"],
-    "jobs": ["verify", "audit", "bench", "train", "medusa_train", "eagle_train", "eagle3_train"],
+    "jobs": ["verify", "audit", "bench", "coverage_study", "train", "medusa_train", "eagle_train", "eagle3_train"],
     "front": ["cli", "experiments.*"],
 }
 

@@ -1,0 +1,42 @@
+"""Goodness of fit and equivalence against an exactly known target law p.
+
+The question is never "do two samplers look alike" but "is sampler S's law equal to p", and p is
+computable exactly from the target model. So the main tools are identity tests against p, an upper
+confidence bound on TV(q, p) (what a "pass" means), and a planner that says how many samples make a
+test able to see a given TV. Conventions follow ``scipy.stats``: public functions validate their
+input and return named results that unpack as ``(statistic, pvalue)``.
+
+Here the sampler's unknown law is written q̂ (empirical) / q (true) and the target law p; counts
+are ``N_i`` over ``m`` samples. One module per idea:
+
+- :mod:`~specdec_lab.stats.identity` — identity tests (Pearson/G with tail merging, ADK, two-sample
+  closeness, per-prefix conditional tests, randomized PIT, the log-probability z-test, Holm, the
+  calibration meta-test and the anytime-valid e-process);
+- :mod:`~specdec_lab.stats.bounds` — plug-in TV and KL, and the certified TV upper bound;
+- :mod:`~specdec_lab.stats.independence` — the collision test;
+- :mod:`~specdec_lab.stats.planning` — sample sizes and power;
+- :mod:`~specdec_lab.stats.coverage` — the coverage study of the TV bound (``make coverage``).
+"""
+
+from specdec_lab.stats.bounds import (FLOOR_MULTIPLES, TV_ROUTES, BoundPlan, KeptSetTest, TVBound,
+                                      deviation_shapes, expected_tv_bound, expected_tv_plugin,
+                                      holder_statistic, kl_miller_madow, mcdiarmid_margin, tv_plugin,
+                                      tv_upper_bound)
+from specdec_lab.stats.identity import (adk_identity, chisquare_identity, closeness_two_sample,
+                                        conditional_tests, dirichlet_eprocess, holm, logprob_ztest,
+                                        merge_tail, pit_ks_test, randomized_pit, uniformity_test)
+from specdec_lab.stats.independence import _collision_null, _collision_parts, collision_test, pair_cells
+from specdec_lab.stats.planning import (plan_bound_by_simulation, plan_sample_size, plan_tv_bound_samples,
+                                        power_chisquare)
+from specdec_lab.stats.results import (ADKResult, ChiSquareResult, ClosenessResult, CollisionResult,
+                                       EProcessResult, HolmResult, KSResult, ZResult)
+
+__all__ = [
+    "ADKResult", "BoundPlan", "ChiSquareResult", "ClosenessResult", "CollisionResult", "EProcessResult",
+    "FLOOR_MULTIPLES", "HolmResult", "KSResult", "KeptSetTest", "TVBound", "TV_ROUTES", "ZResult",
+    "adk_identity", "chisquare_identity", "closeness_two_sample", "collision_test", "conditional_tests",
+    "deviation_shapes", "dirichlet_eprocess", "expected_tv_bound", "expected_tv_plugin", "holder_statistic",
+    "holm", "kl_miller_madow", "logprob_ztest", "mcdiarmid_margin", "merge_tail", "pair_cells",
+    "pit_ks_test", "plan_bound_by_simulation", "plan_sample_size", "plan_tv_bound_samples",
+    "power_chisquare", "randomized_pit", "tv_plugin", "tv_upper_bound", "uniformity_test",
+]

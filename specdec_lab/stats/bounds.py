@@ -1,0 +1,352 @@
+"""Equivalence: plug-in estimates of TV and KL, and the certified upper confidence bound on TV(q, p).
+
+A "pass" is never "not rejected": it is an upper confidence bound on TV(q, p) below a tolerance.
+This module holds that bound (:func:`tv_upper_bound`) and what the planners need to know about it
+under H0 (:func:`expected_tv_bound`, :class:`BoundPlan`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+from scipy import stats as sps
+
+from specdec_lab.stats.results import _counts_and_law
+
+TV_ROUTES = ("combined", "holder", "mcdiarmid")
+# How the combined bound spends δ = 1 − confidence (Bonferroni): the Hölder route's kept-set test,
+# its tail (Clopper–Pearson) and the shape-free McDiarmid route. The kept-set test is where a correct
+# sampler's bound comes from, so it gets most of δ (z at 0.75δ is 2.5% above z at δ, for δ = 0.01);
+# the tail holds ≈ m·p(T) <= a few samples at the chosen floor, so 0.05δ costs it little; McDiarmid is
+# the fallback for deviations piled on a few tokens, where Hölder is loose, and 0.2δ keeps its margin
+# within 8% of the old two-route split's (δ/2).
+KEPT_SHARE, TAIL_SHARE, MCDIARMID_SHARE = 0.75, 0.05, 0.2
+FLOOR_MULTIPLES = (0.25, 0.5, 1, 2, 5, 10, 20)  # candidate floors τ = c / m of the kept set A = {p >= τ}
+_GRID_RATIO = 1.002  # the kept-set bound is read off a geometric grid of x: rounded up by at most 0.2%
+
+
+@dataclass(frozen=True)
+class TVBound:
+    upper: float  # TV(q, p) <= upper with probability >= confidence
+    confidence: float
+    m: int
+    holder_route: float  # kept-set bound + tail bound, at the Hölder route's share of δ
+    mcdiarmid_route: float  # TV plug-in + √(ln(1/δ_M) / 2m), at its share of δ
+    binding: str  # the route that gave ``upper``: "holder" or "mcdiarmid"
+    kept_upper: float  # upper bound on ½ Σ_A |q_i − p_i| over the kept set A = {p >= floor}
+    d_estimate: float  # W, the unbiased estimate of D = Σ_A p_i^(−2/3) (q_i − p_i)²
+    tail_mass_p: float  # p(T), target mass outside A
+    tail_mass_q_upper: float  # Clopper–Pearson upper bound on q(T)
+    floor: float  # τ
+
+
+# ------------------------------------------------------------------------------------------ estimates
+
+
+def tv_plugin(counts, p) -> float:
+    """Plug-in ½ Σ |N_i/m − p_i| (biased upward by sampling noise, ~√(n/m))."""
+    counts, p, m = _counts_and_law(counts, p)
+    return float(0.5 * np.abs(counts / m - p).sum())
+
+
+def kl_miller_madow(counts, p) -> float:
+    """KL(q̂ ‖ p) plug-in minus the Miller–Madow bias (k̂ − 1) / (2m); may be slightly negative.
+
+    >>> p = np.full(4, 0.25)
+    >>> round(kl_miller_madow(np.array([250, 250, 250, 250]), p), 6)
+    -0.0015
+    """
+    counts, p, m = _counts_and_law(counts, p)
+    q = counts / m
+    seen = counts > 0
+    plugin = float((q[seen] * np.log(q[seen] / p[seen])).sum())
+    return plugin - (int(seen.sum()) - 1) / (2 * m)
+
+
+def expected_tv_plugin(p, m: int) -> float:
+    """E[TV̂] under H0 (samples from p itself), exactly: ½ Σ_i E|N_i/m − p_i| with N_i binomial,
+    by de Moivre's mean absolute deviation 2 m p (1 − p) b(⌊m p⌋; m − 1, p).
+
+    >>> round(expected_tv_plugin(np.full(2, 0.5), 2), 6)  # N_1 in {0, 1, 2}: |N_1/2 − 1/2| = 1/2, 0, 1/2
+    0.25
+    """
+    p = np.asarray(p, dtype=np.float64)
+    p = p[(p > 0) & (p < 1)]
+    mad = 2 * m * p * (1 - p) * sps.binom.pmf(np.floor(m * p), m - 1, p)  # E|N − m p|
+    return float(0.5 * mad.sum() / m)
+
+
+def mcdiarmid_margin(m: int, delta: float) -> float:
+    """√(ln(1/δ) / (2m)): how far TV can exceed the plug-in TV̂ with probability at most δ.
+
+    >>> round(mcdiarmid_margin(20_000, 0.005), 4)
+    0.0115
+    """
+    return float(np.sqrt(np.log(1.0 / delta) / (2 * m)))
+
+
+# ------------------------------------------------------------------------------------------ the kept-set test
+
+
+def deviation_shapes(p_a: np.ndarray) -> np.ndarray:
+    """Unit-ℓ1 deviation profiles s (rows, shape (n_shapes, |A|)) over which the kept-set test takes
+    its least-favourable alternative: q = p + 2x·s has ½ Σ_A |q − p| = x.
+
+    To leading order the test's margin at q is D − z sd with D = Σ a d², a = p^(−2/3), and
+    m² Var ≈ 2S + 4m Σ b d², b = p^(−1/3). Its stationary points on the ℓ1 sphere are
+    |d_i| ∝ 1/(a_i − κ b_i) for one scalar κ in [0, min a/b) (κ = 0: the Hölder-equality profile
+    d ∝ p^(2/3), which minimises D; κ → min a/b: the profile piles onto the most likely token, which
+    maximises the variance), so the family holds every κ on a fine grid, the Cauchy–Schwarz-equality
+    profile d ∝ p, and mixtures of each of the three most likely tokens with the κ profiles.
+    """
+    a, b = p_a ** (-2.0 / 3.0), p_a ** (-1.0 / 3.0)
+    kappas = float((a / b).min()) * (1.0 - np.geomspace(1.0, 1e-4, 40))  # 0 ... just below min a/b
+    spread = 1.0 / (a[None, :] - kappas[:, None] * b[None, :])  # (40, |A|), all positive
+    spread /= spread.sum(1, keepdims=True)
+    rows = [spread, (p_a / p_a.sum())[None], (np.sqrt(p_a) / np.sqrt(p_a).sum())[None]]
+    for j in np.argsort(-p_a)[:3]:
+        spike = np.zeros_like(p_a)
+        spike[j] = 1.0
+        for f in (0.1, 0.25, 0.5, 0.75, 0.9, 1.0):
+            rows.append(f * spike[None] + (1 - f) * spread[::4])
+    return np.concatenate(rows)
+
+
+@dataclass(frozen=True)
+class KeptSetTest:
+    """The Hölder test on the kept set A, inverted into an upper bound on x = ½ Σ_A |q_i − p_i|.
+
+    ``xs`` is a geometric grid of x and ``thresholds[k]`` = t(x_k), the least-favourable
+    lower-δ quantile of W over every q in :func:`deviation_shapes` with ½ Σ_A |q − p| = x_k.
+    W below t(x) rejects "the kept-set deviation is x"; the bound is the grid point just above
+    the largest x not rejected.
+    """
+
+    p_a: np.ndarray  # (|A|,) the target law on the kept set
+    m: int
+    delta: float
+    xs: np.ndarray  # (n_grid,)
+    thresholds: np.ndarray  # (n_grid,)
+
+    @classmethod
+    def build(cls, p_a: np.ndarray, m: int, delta: float) -> "KeptSetTest":
+        z = sps.norm.isf(delta)
+        a = p_a ** (-2.0 / 3.0)
+        S = float((p_a ** (2.0 / 3.0)).sum())
+        shapes = deviation_shapes(p_a)  # (n_shapes, |A|)
+        a2 = a ** 2
+        alpha = 4 * (shapes ** 2 * a).sum(1)  # D = alpha x²
+        # m² Var(W) at q = p + 2x s (Poissonised): c0 + c1 x + c2 x² + c3 x³
+        c1 = 8 * (shapes * a2 * p_a).sum(1)
+        c2 = 8 * (shapes ** 2 * a2).sum(1) + 16 * m * (shapes ** 2 * a2 * p_a).sum(1)
+        c3 = 32 * m * (shapes ** 3 * a2).sum(1)
+        xs = _GRID_RATIO ** np.arange(int(np.ceil(np.log(1e-7) / np.log(_GRID_RATIO))), 1)  # 1e-7 ... 1
+        x = xs[None, :]
+        var = 2 * S + c1[:, None] * x + c2[:, None] * x ** 2 + c3[:, None] * x ** 3  # (n_shapes, n_grid)
+        thresholds = (alpha[:, None] * x ** 2 - z * np.sqrt(var) / m).min(0)
+        return cls(p_a, m, delta, xs, thresholds)
+
+    def upper(self, w: float) -> float:
+        """The bound on ½ Σ_A |q − p| given the statistic W."""
+        kept = np.flatnonzero(self.thresholds <= w)
+        if not len(kept):  # W below every threshold: every x is rejected, even x = 0
+            return 0.0
+        return float(self.xs[min(kept[-1] + 1, len(self.xs) - 1)])
+
+
+def holder_statistic(counts_a: np.ndarray, p_a: np.ndarray, m: int) -> float:
+    """W = Σ_A p_i^(−2/3) [(N_i − m p_i)² − N_i + N_i (N_i − 1)/(m − 1)] / m², unbiased for
+    D = Σ_A p_i^(−2/3) (q_i − p_i)² under multinomial sampling (E[N(N − 1)] = m(m − 1) q²)."""
+    n = counts_a.astype(np.float64)
+    pairs = n * (n - 1) / (m - 1) if m > 1 else np.zeros_like(n)
+    return float((p_a ** (-2.0 / 3.0) * ((n - m * p_a) ** 2 - n + pairs)).sum()) / m ** 2
+
+
+# ------------------------------------------------------------------------------------------ the bound
+
+
+@dataclass(frozen=True)
+class BoundPlan:
+    """Everything :func:`tv_upper_bound` computes from p and m alone (the floor, the kept set, the
+    inverted test), so that many sample sets of one (p, m) — a planner's simulation — share it."""
+
+    p: np.ndarray
+    m: int
+    confidence: float = 0.99
+    route: str = "combined"
+    floor: float | None = None  # None: the c/m in FLOOR_MULTIPLES minimising the expected bound under H0
+
+    def __post_init__(self) -> None:
+        if self.route not in TV_ROUTES:
+            raise ValueError(f"route must be one of {list(TV_ROUTES)}, got {self.route!r}")
+        if not 0.5 < self.confidence < 1.0:
+            raise ValueError(f"confidence must lie in (0.5, 1), got {self.confidence!r}")
+        if self.m < 1:
+            raise ValueError(f"m must be >= 1, got {self.m!r}")
+
+    @property
+    def shares(self) -> dict[str, float]:
+        """δ of each part: kept-set test, tail, McDiarmid."""
+        delta = 1.0 - self.confidence
+        if self.route == "mcdiarmid":
+            return {"kept": 0.0, "tail": 0.0, "mcdiarmid": delta}
+        if self.route == "holder":
+            total = KEPT_SHARE + TAIL_SHARE
+            return {"kept": delta * KEPT_SHARE / total, "tail": delta * TAIL_SHARE / total, "mcdiarmid": 0.0}
+        return {"kept": delta * KEPT_SHARE, "tail": delta * TAIL_SHARE, "mcdiarmid": delta * MCDIARMID_SHARE}
+
+    @cached_property
+    def chosen_floor(self) -> float:
+        if self.floor is not None:
+            return float(self.floor)
+        return min((c / self.m for c in FLOOR_MULTIPLES), key=lambda f: self._holder_under_h0(f)[0])
+
+    @cached_property
+    def kept(self) -> np.ndarray:
+        return self.p >= self.chosen_floor
+
+    @cached_property
+    def tail(self) -> np.ndarray:
+        return ~self.kept & (self.p > 0)
+
+    @cached_property
+    def test(self) -> KeptSetTest | None:
+        return self._holder_under_h0(self.chosen_floor)[1]
+
+    def _holder_under_h0(self, floor: float) -> tuple[float, KeptSetTest | None]:
+        """(the Hölder route's bound at W = 0 and tail count m p(T), its kept-set test) at a floor."""
+        kept = self.p >= floor
+        test = KeptSetTest.build(self.p[kept], self.m, self.shares["kept"]) if kept.any() else None
+        p_tail = float(self.p[~kept].sum())
+        bound = (test.upper(0.0) if test else 0.0) + self._tail_part(p_tail, int(round(self.m * p_tail)))[0]
+        return bound, test
+
+    def _tail_part(self, p_tail: float, tail_n: int) -> tuple[float, float]:
+        """(½ (p(T) + q(T) upper), q(T) upper)."""
+        if p_tail <= 0 and tail_n == 0:
+            return 0.0, 0.0
+        q_up = 1.0 if tail_n >= self.m else float(sps.beta.isf(self.shares["tail"], tail_n + 1, self.m - tail_n))
+        return 0.5 * (p_tail + q_up), q_up
+
+    def bound(self, counts: np.ndarray) -> TVBound:
+        """The bound from one sample set's counts (V,) (already checked against p)."""
+        m = self.m
+        mcd = float("nan")
+        if self.route != "holder":
+            mcd = float(0.5 * np.abs(counts / m - self.p).sum()) + mcdiarmid_margin(m, self.shares["mcdiarmid"])
+        holder, kept_up, w, q_tail_up, p_tail = float("nan"), float("nan"), float("nan"), float("nan"), float("nan")
+        if self.route != "mcdiarmid":
+            kept = self.kept
+            w = holder_statistic(counts[kept], self.p[kept], m) if kept.any() else 0.0
+            kept_up = self.test.upper(w) if self.test is not None else 0.0
+            p_tail = float(self.p[self.tail].sum())
+            tail_up, q_tail_up = self._tail_part(p_tail, int(counts[self.tail].sum()))
+            holder = kept_up + tail_up
+        if self.route == "holder" or (self.route == "combined" and holder <= mcd):
+            upper, binding = holder, "holder"
+        else:
+            upper, binding = mcd, "mcdiarmid"
+        return TVBound(float(min(1.0, upper)), self.confidence, m, float(min(1.0, holder)),
+                       float(min(1.0, mcd)), binding, kept_up, w, p_tail, q_tail_up, self.chosen_floor)
+
+
+def tv_upper_bound(counts, p, *, confidence: float = 0.99, floor: float | None = None,
+                   route: str = "combined") -> TVBound:
+    """Upper confidence bound on TV(q, p) from m samples of q and the exact p.
+
+    Parameters
+    ----------
+    counts, p : array_like, shape (V,)
+    confidence : float
+        Coverage of the bound, e.g. 0.99; δ = 1 − confidence.
+    floor : float, optional
+        The kept set A = {i: p_i >= floor}; by default the floor c/m (c in :data:`FLOOR_MULTIPLES`)
+        that minimises the Hölder route's bound expected under H0 — a function of p and m only,
+        never of the data, so choosing it costs no validity.
+    route : {"combined", "holder", "mcdiarmid"}
+        "holder" and "mcdiarmid" are the two bounds below, each alone at the full level δ;
+        "combined" (the default) spends 0.75δ on the Hölder route's kept-set test, 0.05δ on its
+        tail and 0.2δ on McDiarmid, and keeps the smaller of the two routes.
+
+    Returns
+    -------
+    TVBound
+        ``upper`` with P(TV(q, p) <= upper) >= confidence; both routes (each at its share of δ),
+        ``binding``, the route that gave ``upper``, and the Hölder route's parts.
+
+    Notes
+    -----
+    **Hölder route.** Split TV over the kept set A and its complement T (cells with 0 < p < τ):
+    TV <= x + ½ (p(T) + q(T)) with x = ½ Σ_A |q_i − p_i|. On A, Hölder's inequality with weights
+    a_i = p_i^(−2/3) (Valiant & Valiant's identity-testing weights) gives
+
+        2x = Σ_A |q_i − p_i| <= √(S · D),  S = Σ_A p_i^(2/3),  D = Σ_A p_i^(−2/3) (q_i − p_i)²,
+
+    so any q with kept-set deviation x has D >= 4x²/S. The noise of this route scales with
+    S^(3/4) = ‖p_A‖_(2/3)^(1/2), against √|A| for the Cauchy–Schwarz weights 1/p (the χ² route).
+    W = Σ_A a_i [(N_i − m p_i)² − N_i + N_i (N_i − 1)/(m − 1)] / m² is exactly unbiased for D
+    under multinomial sampling. Its variance is *not estimated*: for each x on a grid, the test
+    of "kept-set deviation = x" rejects when W < t(x) = min_q [D(q) − z_{δ_A} sd(q)] over the
+    alternatives q of :func:`deviation_shapes` at that x, with sd(q) the Poissonised standard
+    deviation of W at q, m² Var = Σ a_i² [2 q_i² + 4 m q_i (q_i − p_i)²] (its positive-deviation
+    version, the larger). The bound is the largest x not rejected (rounded up to the grid). q(T)
+    gets the Clopper–Pearson upper bound at δ_T on the tail count, which is exact.
+
+    **McDiarmid route** (distribution-free, exact). The plug-in TV̂ = ½ Σ |N_i/m − p_i| is convex
+    in the empirical law, so E[TV̂] >= TV (Jensen), and one sample changes it by at most 1/m:
+    P(TV > TV̂ + √(ln(1/δ)/2m)) <= δ. It keeps the bound shape-free: a deviation on one token
+    (where Hölder is loose: a large D for a small TV) costs it only its plug-in.
+
+    **Validity.** The tail and McDiarmid parts hold in finite samples. The kept-set test rests on
+    (i) the normal approximation to W's lower tail — W's summands are right-skewed, which makes the
+    normal lower quantile conservative; (ii) the Poissonised variance — multinomial sampling makes
+    the counts negatively dependent, which lowers it; (iii) the least-favourable search over a family
+    holding the stationary points of the leading-order problem. None is a finite-sample proof, so the
+    bound was validated by a coverage study: ``make coverage`` (``python -m
+    specdec_lab.stats.coverage``) draws 2,000 replicates per case on the first-token and two-token
+    laws of every verify row, under H0 and least-favourable alternatives (Hölder- and
+    Cauchy–Schwarz-equality perturbations, a spike on a rare token, mass moved inside the tail, a
+    near-floor perturbation, a deviation piled on the most likely token); the table is in
+    ``docs/method.md``; ``tests/test_stats.py::TestTVUpperBound`` runs a small version.
+
+    **Combined.** Bonferroni over the three parts: valid at 1 − δ.
+
+    References
+    ----------
+    Valiant, G. and Valiant, P. (2017). An automatic inequality prover and instance optimal
+    identity testing. SIAM J. Comput. 46(1).
+    Wellek, S. (2010). Testing Statistical Hypotheses of Equivalence and Noninferiority. CRC.
+    McDiarmid, C. (1989). On the method of bounded differences. Surveys in Combinatorics 141, 148-188.
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(5)
+    >>> p = np.full(100, 0.01)
+    >>> bound = tv_upper_bound(rng.multinomial(100_000, p), p)
+    >>> bound.upper < 0.02, bound.binding
+    (True, 'holder')
+    """
+    counts, p, m = _counts_and_law(counts, p)
+    return BoundPlan(p, m, confidence, route, floor).bound(counts)
+
+
+def expected_tv_bound(p, m: int, confidence: float = 0.99, routes=TV_ROUTES) -> dict[str, float]:
+    """Each route's bound when the sampler is exactly p, at W = 0 (D's value under H0), the tail
+    count at its mean and the plug-in at its mean: what a correct sampler's verdict shows at m
+    samples, from p and m alone. Keys (``routes``): "holder" and "mcdiarmid" (each alone at the full
+    level) and "combined" (the smaller of the two at their shares of δ).
+
+    >>> b = expected_tv_bound(np.full(100, 0.01), 100_000)
+    >>> bool(b["combined"] <= 1.05 * b["holder"])
+    True
+    """
+    p = np.asarray(p, dtype=np.float64)
+    out = {}
+    for route in routes:
+        plan = BoundPlan(p, int(m), confidence, route)
+        mcd = expected_tv_plugin(p, m) + mcdiarmid_margin(m, plan.shares["mcdiarmid"]) if route != "holder" else np.inf
+        holder = plan._holder_under_h0(plan.chosen_floor)[0] if route != "mcdiarmid" else np.inf
+        out[route] = float(min(holder, mcd))
+    return out
