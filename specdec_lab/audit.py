@@ -125,7 +125,10 @@ class AuditResult:
     def drafting(self) -> drafting_.Drafting:
         """Where the engine drafted within the bounded positions (tokens 1–2), from its own counters."""
         described = self.samples.meta["sampler"]
-        return drafting_.drafting_evidence(self.samples.meta.get("stats") or {}, self.suite.m,
+        stats = dict(self.samples.meta.get("stats") or {})
+        if described.get("sampler") == "vllm_offline" and "requests" in stats:  # whole requests of n ran
+            stats.setdefault("sequences", stats["requests"] * described["n_per_request"])
+        return drafting_.drafting_evidence(stats, self.suite.m,
                                            drafting_.speculates(described), drafting_.counter_source(described))
 
     @property
