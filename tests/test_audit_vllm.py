@@ -216,3 +216,22 @@ def test_lattice_seeds_do_not_overlap():
     seeds = vllm_adapter.lattice_seeds(torch.Generator().manual_seed(0), 10_000, 8)
     blocks = {s + i for s in seeds for i in range(8)}
     assert len(blocks) == 80_000 and all(s % 8 == 0 for s in seeds)
+
+
+def test_drafted_token_two_bounded_and_fixed_by_our_patch(pair, tmp_path):
+    """Issue 30 through the real engine at L = 2: vLLM's counters show token 2 drafted in every sample; as shipped the
+    law of tokens 1–2 is rejected while the token-1 control (sampled without drafts) is not; with the opt-in
+    vllm-cpu-expand fix the same row is not rejected."""
+    from specdec_lab.audit import DEFAULT_PROMPT
+
+    results = {}
+    for patch in (None, "vllm-cpu-expand"):
+        sampler = vllm_adapter.VllmOfflineConfig("draft_model", progress=False, patch=patch)
+        results[patch] = audit(pair, sampler, 1500, 2, tmp_path / f"draft-{patch}.parquet", prompt=DEFAULT_PROMPT,
+                               seed=4, settings=SETTINGS, progress=False)
+    for result in results.values():
+        assert result.drafting.position == 2 and result.drafting.share == 1.0, result.summary()["drafted share"]
+    shipped, fixed = results[None], results["vllm-cpu-expand"]
+    assert shipped.verdict == "rejected" and "first token" not in " ".join(shipped.suite.rejected_by)
+    assert fixed.suite.verdict != "rejected", fixed.summary()
+    assert fixed.summary()["implementation"].endswith("+ our vllm-cpu-expand fix")

@@ -200,6 +200,8 @@ class Worker:
         self.process.stdin.flush()
         reply = self._read(timeout)
         if "error" in reply:
+            if "tool" not in job:  # an engine that failed a job may be left broken (it can spin): never reuse it
+                self.close()
             raise VllmError(f"vLLM failed the job: {reply['error']}")
         return reply
 
