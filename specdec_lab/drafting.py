@@ -66,7 +66,8 @@ COUNTER_RULES = {
 class Drafting:
     """Where the engine drafted within the bounded positions, from its own counters.
 
-    ``share`` and ``acceptance`` are those of ``position``, the bounded position drafted most often;
+    ``share`` and ``acceptance`` are those of ``position``: the last bounded position drafted in at least half of
+    the samples, else the one drafted most often;
     ``share`` is None when the counters cannot attribute drafts to a position (``reason`` says why).
     """
 
@@ -125,9 +126,12 @@ def drafting_evidence(stats: dict, samples: int, speculative: bool, source: str 
     found = per_position(stats, positions)
     if not found or samples <= 0:
         return Drafting(True, tuple(positions), source=source, reason=UNATTRIBUTED)
-    position = max(found, key=lambda t: (found[t][0], -t))
-    drafted, accepted = found[position]
     samples = int(stats.get("sequences", samples))  # counters count every sequence the engine ran
+    # the last bounded position drafted in at least half of the samples (token 2, whose law is the broad one, where
+    # both are), else the one drafted most often
+    exercised = [t for t in found if found[t][0] >= MIN_DRAFTED_SHARE * samples]
+    position = max(exercised) if exercised else max(found, key=lambda t: (found[t][0], -t))
+    drafted, accepted = found[position]
     return Drafting(True, tuple(positions), position, drafted / samples,
                     accepted / drafted if drafted else None, source)
 
