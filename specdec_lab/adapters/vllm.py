@@ -291,8 +291,8 @@ class VllmOfflineConfig:
     n_per_request: int = 8
     progress: bool = True
     patch: str | None = None  # an opt-in fix of ours applied in the worker (specdec_lab.patches.PATCHES), or None
-    # samples per LLM.generate call; smaller keeps a long prompt's prefill in one step (vLLM 0.32's CPU engine dies with
-    # "CPU Generator does not use offset" when a seeded request's prefill is chunked: see docs/audit-vllm.md)
+    # samples per LLM.generate call (vLLM 0.32's CPU engine can die with "CPU Generator does not use offset" when it
+    # discards a seeded request's sampled token, e.g. after a prefill split across steps: docs/audit-vllm.md)
     job_size: int = 2048
 
     def __post_init__(self) -> None:
