@@ -42,7 +42,7 @@ def assisted(pair, tmp_path_factory):
     """HF assisted generation at T = 1, 3,000 samples of L = 2 (the first step drafts one token)."""
     path = tmp_path_factory.mktemp("hf") / "assisted.parquet"
     sampler = HFGenerateConfig(mode="assisted", progress=False)
-    return audit(pair, sampler, 3000, 2, path, seed=11, settings=SETTINGS, progress=False), path
+    return audit(pair, sampler, 3000, 2, path, prompt="ROMEO:\n", seed=11, settings=SETTINGS, progress=False), path
 
 
 class TestAssisted:
@@ -88,7 +88,7 @@ def test_negative_control_mismatched_temperature_rejected(pair, prompt, tmp_path
     power = exact_power(first_token_law(pair, prompt, asked), first_token_law(pair, prompt, scored), m)
     assert power >= 0.99  # this alternative (exact first-token TV 0.116) cannot slip through by chance
     result = audit(pair, HFGenerateConfig(mode="assisted", sampling=asked, progress=False), m, 2,
-                   tmp_path / "neg.parquet", seed=12, scored_at=scored, expected="negative control",
+                   tmp_path / "neg.parquet", prompt="ROMEO:\n", seed=12, scored_at=scored, expected="negative control",
                    settings=SETTINGS, progress=False)
     assert result.suite.verdict == "rejected"
     assert result.summary()["correct call"]

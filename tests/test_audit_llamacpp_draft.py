@@ -91,7 +91,7 @@ def test_draft_speculation_not_rejected_and_active(servers, pair, prompt, tmp_pa
     p = first_token_law(pair, prompt, SamplingConfig())
     keep, tail = stats.merge_tail(p, m)
     assert stats.power_chisquare(m, 0.12, int(keep.sum()) + int(tail.any()), ALPHA) >= 0.99
-    result = audit(pair, config(servers, "target-draft"), m, L, tmp_path / "draft.parquet", seed=31,
+    result = audit(pair, config(servers, "target-draft"), m, L, tmp_path / "draft.parquet", prompt="ROMEO:\n", seed=31,
                    settings=SETTINGS, progress=False)
     row = result.summary()
     assert result.suite.verdict != "rejected", result.tests()
@@ -117,7 +117,7 @@ def test_draft_server_drafts_token_two_per_its_counters(servers, pair, tmp_path)
 
 
 def test_no_draft_reference_not_rejected(servers, pair, prompt, tmp_path):
-    result = audit(pair, config(servers, "target-nodraft"), 1000, L, tmp_path / "plain.parquet", seed=32,
+    result = audit(pair, config(servers, "target-nodraft"), 1000, L, tmp_path / "plain.parquet", prompt="ROMEO:\n", seed=32,
                    settings=SETTINGS, progress=False)
     assert result.suite.verdict != "rejected", result.tests()
     assert result.samples.meta["stats"]["verify_steps"] == 0
@@ -133,7 +133,7 @@ def test_negative_control_through_draft_server_rejected(servers, pair, prompt, t
     tv = 0.5 * np.abs(asked - scored).sum()
     assert tv > 0.05 and stats.power_chisquare(m, tv, bins, ALPHA) >= 0.99
     result = audit(pair, config(servers, "target-draft", sampling=SamplingConfig(temperature=0.7)), m, L,
-                   tmp_path / "control.parquet", seed=33, scored_at=SamplingConfig(), expected="negative control",
+                   tmp_path / "control.parquet", prompt="ROMEO:\n", seed=33, scored_at=SamplingConfig(), expected="negative control",
                    settings=SETTINGS, progress=False)
     assert result.suite.verdict == "rejected" and result.summary()["correct call"]
 

@@ -99,7 +99,7 @@ def test_collision_test_catches_overlapping_seed_blocks(pair, prompt):
 
 def test_plain_row_not_rejected_and_samples_independent(pair, tmp_path):
     result = audit(pair, vllm_adapter.VllmOfflineConfig("none", progress=False), 3000, L,
-                   tmp_path / "none.parquet", seed=1, settings=SETTINGS, progress=False)
+                   tmp_path / "none.parquet", prompt="ROMEO:\n", seed=1, settings=SETTINGS, progress=False)
     assert result.suite.verdict != "rejected", result.summary()
     assert result.summary()["implementation"] == f"vLLM {vllm_adapter.VERSION} offline, none"
     collisions = result.suite.tests[COLLISIONS]  # the suite's collision test on the first two tokens
@@ -108,7 +108,7 @@ def test_plain_row_not_rejected_and_samples_independent(pair, tmp_path):
 
 def test_negative_control_through_the_same_path_is_rejected(pair, tmp_path):
     sampler = vllm_adapter.VllmOfflineConfig("none", SamplingConfig(temperature=0.7), progress=False)
-    result = audit(pair, sampler, 1500, L, tmp_path / "control.parquet", seed=2, scored_at=SamplingConfig(),
+    result = audit(pair, sampler, 1500, L, tmp_path / "control.parquet", prompt="ROMEO:\n", seed=2, scored_at=SamplingConfig(),
                    expected="negative control", settings=SETTINGS, progress=False)
     assert result.suite.verdict == "rejected", result.summary()
 
@@ -117,7 +117,7 @@ def test_serve_path_through_the_endpoint_adapter(pair, tmp_path):
     with vllm_adapter.served("none") as server:
         sampler = vllm_adapter.endpoint_config(server, SamplingConfig(), "none", n_per_request=8, concurrency=4,
                                                progress=False)
-        result = audit(pair, sampler, 800, L, tmp_path / "serve.parquet", seed=3, settings=SETTINGS,
+        result = audit(pair, sampler, 800, L, tmp_path / "serve.parquet", prompt="ROMEO:\n", seed=3, settings=SETTINGS,
                        progress=False)
     stats = result.samples.meta["stats"]
     assert stats["refused_samples"] == 0 and stats["missing_choices"] == 0, stats
