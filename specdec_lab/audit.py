@@ -340,12 +340,13 @@ def add_audit_parser(sub) -> None:
     ep.add_argument("--max-rate", type=float, default=200.0, help="requests per second at most")
     ep.add_argument("--speculative", choices=["yes", "no", "unknown"], default="unknown",
                     help="does the server speculate? 'no': a reference row (no drafting required); 'yes'/'unknown': "
-                         "equivalent only where its counters show drafting at a bounded position (set by --serve-bundled)")
+                         "equivalent only where its counters show drafting at a bounded position "
+                         "(set by --serve-bundled)")
     ep.add_argument("--server-metrics", action="store_true",
                     help="read the server's Prometheus /metrics (vLLM, llama-server) around each batch")
     ep.add_argument("--drafting-rule", choices=["room", "uncapped"], default=None,
-                    help="how the server's counters attribute drafts to token 2: 'room' (llama-server: exact at L <= 3), "
-                         "'uncapped' (vLLM: exact at L = 2); see specdec_lab.drafting")
+                    help="how the server's counters attribute drafts to token 2: 'room' (llama-server: exact at "
+                         "L <= 3), 'uncapped' (vLLM: exact at L = 2); see specdec_lab.drafting")
     _pair_and_common_args(ep, samples=3000, length=3)  # llama-server's counters attribute token 2 exactly at L <= 3
     ep.set_defaults(func=cmd_audit)
 
@@ -396,7 +397,8 @@ def _pair_and_common_args(parser, samples: int, length: int) -> None:
                              f"{samples})")
     parser.add_argument("--length", type=int, default=length)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--prompt", default=None, help=f"default {DEFAULT_PROMPT!r} ({LOOKUP_PROMPT!r} for prompt lookup)")
+    parser.add_argument("--prompt", default=None,
+                        help=f"default {DEFAULT_PROMPT!r} ({LOOKUP_PROMPT!r} for prompt lookup)")
     parser.add_argument("--tolerance", type=float, default=0.02, help="ε of the equivalence verdict")
     parser.add_argument("--out", type=Path, default=None, help="sample file (default reports/audit/<name>.parquet)")
     parser.add_argument("--quiet", action="store_true")
