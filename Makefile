@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 CORE_STAMP := $(VENV)/.core-installed
 STAMP := $(VENV)/.installed
 
-.PHONY: verify test bench coverage train train-medusa train-eagle train-eagle3 clean-venv notebooks lab browser llama-cpp vllm
+.PHONY: verify test bench coverage train train-medusa train-eagle train-eagle3 clean-venv notebooks notebooks-render lab browser llama-cpp vllm
 
 $(CORE_STAMP): requirements-core.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -64,6 +64,14 @@ $(VLLM_STAMP): requirements-vllm.txt
 
 vllm: $(VLLM_STAMP)
 
+# The interpreter of vLLM's environment for every target that may run it (tests, notebook 07, the browser test):
+# $SPECDEC_LAB_VLLM_PYTHON if set, else $(VLLM_VENV) when built, else the per-machine cache .ci/run builds
+# (~/.cache/specdec-lab/venv-vllm-<hash of the lock>), else $(VLLM_VENV) (notebook 07 then skips vLLM, saying why).
+VLLM_CACHE_VENV := $(HOME)/.cache/specdec-lab/venv-vllm-$(shell sha256sum requirements-vllm.txt 2>/dev/null | cut -c1-16)
+VLLM_PYTHON := $(firstword $(wildcard $(abspath $(VLLM_VENV))/bin/python $(VLLM_CACHE_VENV)/bin/python) \
+	$(abspath $(VLLM_VENV))/bin/python)
+ENGINES_ENV := SPECDEC_LAB_VLLM_PYTHON="$${SPECDEC_LAB_VLLM_PYTHON:-$(VLLM_PYTHON)}"
+
 # Tests, doctests and the notebooks under nbval (--nbval-lax: every cell must run without error and
 # every assert cell must hold; SPECDEC_LAB_SCALE=ci).
 # pytest exits 5 when it collected no tests, so `make test` fails loudly if nothing ran.
@@ -74,49 +82,60 @@ NOTEBOOKS := $(wildcard notebooks/*.ipynb)
 # notebook's cells share a kernel, a module its engines); one thread per process, as the two workers, their
 # kernels and engine processes already fill the two cores.
 test: $(STAMP) $(AUDIT_STAMP) llama-cpp $(VLLM_STAMP)
-	SPECDEC_LAB_VLLM_PYTHON="$${SPECDEC_LAB_VLLM_PYTHON:-$(abspath $(VLLM_VENV))/bin/python}" OMP_NUM_THREADS=1 \
+	$(ENGINES_ENV) OMP_NUM_THREADS=1 \
 		$(BIN)/python -m pytest -q --strict-markers --durations=25 -n 2 --dist loadscope tests specdec_lab \
 		$(if $(NOTEBOOKS),--nbval-lax $(NOTEBOOKS)) $(PYTEST_ARGS)
 
 # The notebooks at full scale, executed top to bottom into HTML (about 15 min on 2 CPU cores).
 notebooks: $(STAMP)
 	mkdir -p reports/notebooks
-	SPECDEC_LAB_SCALE=full $(BIN)/jupyter nbconvert --to html --execute --ExecutePreprocessor.timeout=3600 \
+	$(ENGINES_ENV) SPECDEC_LAB_SCALE=full $(BIN)/jupyter nbconvert --to html --execute --ExecutePreprocessor.timeout=3600 \
 		--output-dir reports/notebooks $(NOTEBOOKS)
+
+# The committed notebooks: each executed top to bottom in place at the small default scale (SPECDEC_LAB_SCALE=ci),
+# so a reader on GitHub sees every figure and table (tests/test_notebooks_rendered.py checks the outputs come
+# from one run, in order, without errors, and stay small). Run it after changing a notebook or what it calls
+# (about 6 min on 2 cores); engines that are not built are skipped by notebook 07 with a message.
+notebooks-render: $(STAMP)
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (ipykernel)" >/dev/null
+	$(ENGINES_ENV) SPECDEC_LAB_SCALE=ci OMP_NUM_THREADS=1 PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" \
+		$(BIN)/jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.timeout=1800 \
+		--ExecutePreprocessor.kernel_name=python3 --ExecutePreprocessor.record_timing=False $(NOTEBOOKS)
 
 # JupyterLab on notebooks/, ready to run (scale ci unless SPECDEC_LAB_SCALE is set): the kernel
 # "Python 3 (ipykernel)" the notebooks name is registered to this environment's Python, ipywidgets'
-# lab extension comes with requirements.txt, and the lab opens on notebook 01. LAB_ARGS adds options.
+# lab extension comes with requirements.txt, and the lab opens on notebook 00. LAB_ARGS adds options.
 lab: $(STAMP)
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (ipykernel)" >/dev/null
-	$(BIN)/jupyter lab --ServerApp.root_dir=notebooks notebooks/01_memory_wall.ipynb \
+	$(ENGINES_ENV) $(BIN)/jupyter lab --ServerApp.root_dir=notebooks notebooks/00_worked_example.ipynb \
 		$(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 # Every notebook run in JupyterLab in headless Chromium, the calibrator's controls moved and checked
 # (tests/test_browser.py, part of `make test`); keeps a screenshot of each figure and of the calibrator
-# before and after the moves under reports/browser/ (about 4 min on 2 idle cores).
+# before and after the moves, and the 3-token explorer before and after, under reports/browser/ (7 min 50 s for the nine
+# notebooks on 2 shared cores, vLLM included).
 browser: $(STAMP)
-	SPECDEC_LAB_SCREENSHOTS=reports/browser $(BIN)/python -m pytest -q tests/test_browser.py $(PYTEST_ARGS)
+	$(ENGINES_ENV) SPECDEC_LAB_SCREENSHOTS=reports/browser $(BIN)/python -m pytest -q tests/test_browser.py $(PYTEST_ARGS)
 
-# Target, draft, then the Medusa, EAGLE and EAGLE-3 heads of the new target (train.py rewrites manifest.json; the
+# Target, draft, then the Medusa, EAGLE and EAGLE-3 heads of the new target (training.base rewrites manifest.json; the
 # heads' steps add their entries back, so the manifest always describes the heads that match the target).
 train: $(STAMP)
-	$(BIN)/python -m specdec_lab.train --out data/models
-	$(BIN)/python -m specdec_lab.medusa_train --out data/models
-	$(BIN)/python -m specdec_lab.eagle_train --out data/models
-	$(BIN)/python -m specdec_lab.eagle3_train --out data/models
+	$(BIN)/python -m specdec_lab.training.base --out data/models
+	$(BIN)/python -m specdec_lab.training.medusa --out data/models
+	$(BIN)/python -m specdec_lab.training.eagle --out data/models
+	$(BIN)/python -m specdec_lab.training.eagle3 --out data/models
 
 # Medusa heads for the bundled target (after `make train`; ≈ 10 min on 2 idle cores)
 train-medusa: $(STAMP)
-	$(BIN)/python -m specdec_lab.medusa_train --out data/models
+	$(BIN)/python -m specdec_lab.training.medusa --out data/models
 
 # The EAGLE head for the bundled target, in vLLM's layout (after `make train`; ≈ 25 min on 2 shared cores)
 train-eagle: $(STAMP)
-	$(BIN)/python -m specdec_lab.eagle_train --out data/models
+	$(BIN)/python -m specdec_lab.training.eagle --out data/models
 
 # The EAGLE-3 head for the bundled target, in vLLM's layout (after `make train`; ≈ 15 min on 2 shared cores)
 train-eagle3: $(STAMP)
-	$(BIN)/python -m specdec_lab.eagle3_train --out data/models
+	$(BIN)/python -m specdec_lab.training.eagle3 --out data/models
 
 clean-venv:
 	rm -rf $(VENV)

@@ -82,9 +82,9 @@ def _case(job: dict) -> dict:
     return {"law": job["law"], "alternative": job["alternative"], "TV / H0 bound": job["multiple"], **result}
 
 
-def plan_table(laws: dict, baseline) -> pd.DataFrame:
+def plan_table(laws: dict, baseline=None) -> pd.DataFrame:
     """m planned per verify row at default scale (first-token bound <= 0.02, assurance 0.999), and the
-    joint law's m at the full scale's 0.025, with this bound and the baseline's."""
+    joint law's m at the full scale's 0.025, with this bound and (given) the baseline's."""
     scales = {"first": SCALES["default"].tolerance, "joint": SCALES["full"].joint_tolerance}
     rows = []
     for law, p in laws.items():
@@ -95,6 +95,7 @@ def plan_table(laws: dict, baseline) -> pd.DataFrame:
             row["m planned (baseline)"] = baseline.plan_bound_by_simulation(p, eps, rng=np.random.default_rng(0))
             row["ratio"] = row["m planned"] / row["m planned (baseline)"]
         rows.append(row)
+        print(row, flush=True)
     return pd.DataFrame(rows)
 
 
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     kinds = set(args.laws.split(","))
     laws = {k: v for k, v in verify_laws(load_pair("bundled")).items() if k.rsplit(" ", 1)[1] in kinds}
     baseline = load_baseline(args.baseline) if args.baseline else None
-    plans = plan_table(laws, baseline)
+    plans = plan_table(laws)  # the cases run at the m this bound plans; the baseline's plans come last
     planned = dict(zip(plans["law"], plans["m planned"]))
     jobs = [{"law": law, "p": p, "m": int(planned[law]), "alternative": alt, "multiple": mult,
              "reps": args.reps, "baseline": args.baseline, "baseline_reps": args.baseline_reps,
@@ -121,7 +122,15 @@ def main(argv: list[str] | None = None) -> int:
                 (law, p, alt, mult) for law, p in laws.items() for alt in ALTERNATIVES
                 for mult in ((1.0,) if alt == "null" else TV_MULTIPLES))]
     with ProcessPoolExecutor(args.workers) as pool:
-        table = pd.DataFrame(list(pool.map(_case, jobs)))
+        rows = []
+        for row in pool.map(_case, jobs):
+            rows.append(row)
+            print(f"{row['law']:>26} {row['alternative']:>15} x{row['TV / H0 bound']}: misses {row['misses']}"
+                  f"/{row['replicates']}, median {row['median bound']:.4f} (baseline {row['baseline median']:.4f})",
+                  flush=True)
+        table = pd.DataFrame(rows)
+    if baseline is not None:
+        plans = plan_table(laws, baseline)
     # a 99% bound's misses are Binomial(reps, <= 0.01): flag a case only when that is rejected at 1%
     table["misses too many"] = sps.binom.sf(table["misses"] - 1, table["replicates"], 0.01) < 0.01
     if baseline is not None:

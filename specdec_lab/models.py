@@ -60,7 +60,7 @@ def verify_manifest(directory: Path) -> dict:
     """Check every file listed in ``manifest.json`` against its sha256; return the manifest."""
     manifest_path = directory / "manifest.json"
     if not manifest_path.exists():
-        raise ModelLoadError(f"missing manifest {manifest_path}; re-run `python -m specdec_lab.train`")
+        raise ModelLoadError(f"missing manifest {manifest_path}; re-run `python -m specdec_lab.training.base`")
     manifest = json.loads(manifest_path.read_text())
     for name, expected in manifest["files"].items():
         path = directory / name

@@ -18,6 +18,8 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 
 
 def save(fig: Figure, path: Path | str, dpi: int = 110) -> Path:
@@ -101,35 +103,75 @@ def _token_axis(ax, order: np.ndarray, tokens, xlabel: str = "token, most likely
     ax.set_xlabel(xlabel)
 
 
-def tv_bounds(summary: pd.DataFrame, tolerance: float) -> Figure:
-    """Bars of the upper confidence bound on TV per sampler, with the tolerance ε as a line.
+VERDICT_COLORS = {"equivalent": "#1a7f37", "rejected": "#c62828", "inconclusive": "#9e9e9e"}  # green, red, grey
 
-    ``summary`` needs the columns ``sampler``, ``TV upper 99%`` and ``expected``
-    (:func:`specdec_lab.report.summary_table`).
+
+def tv_bounds(summary: pd.DataFrame, tolerance: float) -> Figure:
+    """Bars of the upper confidence bound on TV per sampler, coloured by the **verdict**, with ε as a line.
+
+    A bar's colour is what the suite decided (equivalent, rejected, inconclusive), not what the row was
+    expected to be: a negative control whose TV bound sits below ε but that another test rejected is red, with
+    the note "rejected by the tests, not the bound" beside it. Expected negative controls are hatched.
+    ``summary`` needs the columns ``sampler``, ``TV upper 99%``, ``expected`` and ``verdict``
+    (:func:`specdec_lab.report.summary_table`; ``Holm p`` is quoted when present).
     """
-    fig, ax = _new((9, 0.45 * len(summary) + 1.8))
-    sns.barplot(data=summary, y="sampler", x="TV upper 99%", hue="expected", dodge=False, ax=ax)
-    ax.axvline(tolerance, color="black", linestyle="--", label=f"ε = {tolerance:g}")
+    frame = summary.reset_index(drop=True)
+    fig, ax = _new((10, 0.42 * len(frame) + 2.2))
+    y = np.arange(len(frame))
+    bounds = frame["TV upper 99%"].to_numpy(dtype=float)
+    for i, row in frame.iterrows():
+        control = row["expected"] != "lossless"
+        ax.barh(i, bounds[i], color=VERDICT_COLORS.get(row["verdict"], "black"), hatch="//" if control else None,
+                edgecolor="white" if control else None, linewidth=0)
+        if row["verdict"] == "rejected" and bounds[i] <= tolerance:
+            holm = f", Holm p = {row['Holm p']:.1e}" if "Holm p" in frame else ""
+            ax.annotate(f"rejected by the tests, not the bound{holm}", (bounds[i], i), xytext=(4, 0),
+                        textcoords="offset points", va="center", fontsize=9, color=VERDICT_COLORS["rejected"])
+    ax.set_yticks(y, frame["sampler"], fontsize=10)
+    ax.invert_yaxis()
+    ax.axvline(tolerance, color="black", linestyle="--")
     ax.set_xscale("log")
     _plain_ticks(ax)
-    return _finish(fig, ax, _wrap("Upper 99% confidence bound on TV(sampler, target), first token", 6),
-                   ylabel="", legend=dict(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3, frameon=False))
+    low = max(min(bounds.min(), tolerance) / 2, 1e-4)
+    ax.set_xlim(low, max(1.0, bounds.max() * 1.5))
+    handles = [Patch(color=c, label=v) for v, c in VERDICT_COLORS.items() if v in set(frame["verdict"])]
+    handles += [Patch(facecolor="lightgrey", hatch="//", edgecolor="white", label="negative control (expected rejected)"),
+                Line2D([], [], color="black", linestyle="--", label=f"tolerance ε = {tolerance:g}")]
+    ax.set_xlabel("upper 99% confidence bound on TV(sampler, p), first token (log scale)")
+    height = fig.get_figheight()
+    fig.legend(handles=handles, loc="lower center", ncol=2, frameon=False, fontsize=10)
+    fig.suptitle(_wrap("Upper 99% bound on TV from the target, per sampler, coloured by the suite's verdict "
+                       "(equivalent = no test rejects and the bound is below ε)", 10, 12), fontsize=12)
+    fig.tight_layout(rect=(0, 0.75 / height, 1, 1))
+    return fig
 
 
-def first_token(laws: dict[str, np.ndarray], exact: np.ndarray, top: int = 25, tokens=None) -> Figure:
+def first_token(laws: dict[str, np.ndarray], exact: np.ndarray, top: int = 25, tokens=None,
+                samples: dict[str, int] | int | None = None) -> Figure:
     """Empirical first-token frequencies of several samplers next to the exact target law, over the
-    ``top`` most likely tokens (labelled by ``tokens[i]``, the vocabulary's strings, when given)."""
+    ``top`` most likely tokens (labelled by ``tokens[i]``, the vocabulary's strings, when given).
+
+    ``samples`` (one m for all, or m per sampler) adds the band a lossless sampler's frequency falls in
+    about 95% of the time, p ± 2·sqrt(p(1 − p)/m), once per distinct m: a marker outside its band is a
+    deviation, inside it is noise.
+    """
     order = np.argsort(exact)[::-1][:top]
     x = np.arange(len(order))
-    fig, ax = _new((10, 4.6))
-    ax.plot(x, exact[order], color="black", linewidth=3, alpha=0.35, label="exact target p", zorder=1)
+    fig, ax = _new((10.5, 4.8))
+    ax.plot(x, exact[order], color="black", linewidth=2, alpha=0.6, label="exact target p", zorder=1)
+    if samples is not None:
+        sizes = samples if isinstance(samples, dict) else {name: samples for name in laws}
+        for j, m in enumerate(sorted(set(int(v) for v in sizes.values()))):
+            sd = np.sqrt(exact[order] * (1 - exact[order]) / m)
+            ax.fill_between(x, np.maximum(exact[order] - 2 * sd, 0), exact[order] + 2 * sd, color="grey", alpha=0.25 - 0.08 * j,
+                            linewidth=0, label=f"p ± 2 sd at m = {m:,}", zorder=0)
     markers = "os^Dvx*P"
     for i, (name, freq) in enumerate(laws.items()):
         ax.plot(x, np.asarray(freq)[order], marker=markers[i % len(markers)], linestyle="none",
-                color=sns.color_palette()[i % 10], label=name, zorder=2)
+                color=sns.color_palette()[i % 10], label=name, zorder=2, alpha=0.85)
     _token_axis(ax, order, tokens)
-    return _finish(fig, ax, f"First token: sampled frequencies against the exact target law ({len(order)} most likely "
-                   "tokens)", ylabel="probability", legend=dict(fontsize=10))
+    return _finish(fig, ax, _wrap(f"First token: sampled frequencies against the exact target law p ({len(order)} most "
+                                  "likely tokens)", 9), ylabel="probability", legend=dict(fontsize=9))
 
 
 def observed_vs_expected(counts: np.ndarray, p: np.ndarray, top: int = 30, tokens=None) -> Figure:
@@ -148,20 +190,46 @@ def observed_vs_expected(counts: np.ndarray, p: np.ndarray, top: int = 30, token
     return _finish(fig, ax, f"First token: observed vs expected (m = {int(m):,})", ylabel="count")
 
 
-def pit(pits: dict[str, np.ndarray], bins: int = 20) -> Figure:
-    """Randomized PIT histograms: flat for a lossless sampler."""
+def pit(pits: dict[str, np.ndarray], bins: int = 20, verdicts: dict[str, str] | None = None,
+        ymax: float | None = None) -> Figure:
+    """Randomized PIT histograms of every sampled token under the exact target law, one panel per sampler.
+
+    A lossless sampler's histogram is flat (density 1, dashed); a bent one shows a wrong law. The converse
+    does **not** hold: a sampler can be wrong and still look flat (``residual_from_p`` at a few thousand samples,
+    and overlapping random streams, whose every token has the right law, do), which is why the verdict rests on the whole battery, not this picture.
+    Every panel shares one y range, 0..``ymax`` (default: the tallest bin, kept between 1.5 and 2.5), so no tall
+    panel flattens the others; a bin above it is cut and its height written in the panel. ``verdicts`` (sampler → verdict) colours each panel's title.
+    """
     cols = min(3, len(pits))
     rows = -(-len(pits) // cols)
-    fig, axes = _grid(rows, cols, (3.2 * cols, 2.8 * rows + 0.8), sharey=True)
-    for ax, (name, u) in zip(axes.flat, pits.items()):
-        sns.histplot(x=np.asarray(u).ravel(), bins=bins, stat="density", ax=ax)
-        ax.axhline(1.0, color="black", linestyle="--")
-        ax.set_title(_wrap(name, 3.0, 11), fontsize=11)
-        ax.set_xlabel("u")
+    fig, axes = _grid(rows, cols, (3.4 * cols, 2.7 * rows + 1.1), sharex=True, sharey=True)
+    histograms = {name: np.histogram(np.asarray(u).ravel(), bins=bins, range=(0, 1), density=True)
+                  for name, u in pits.items()}
+    if ymax is None:
+        ymax = float(np.clip(1.1 * max(d.max() for d, _ in histograms.values()), 1.5, 2.5))
+    for ax, (name, (density, edges)) in zip(axes.flat, histograms.items()):
+        ax.bar(edges[:-1], np.minimum(density, ymax), width=np.diff(edges), align="edge",
+               color=sns.color_palette()[0], edgecolor="white", linewidth=0.5)
+        ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
+        if density.max() > ymax:
+            ax.annotate(f"peak {density.max():.1f} (cut)", (0.5, 0.93), xycoords="axes fraction", ha="center",
+                        va="top", fontsize=9, color="dimgrey")
+        verdict = (verdicts or {}).get(name)
+        ax.set_title(_wrap(name + (f" — {verdict}" if verdict else ""), 3.3, 10), fontsize=10,
+                     color=VERDICT_COLORS.get(verdict, "black"))
+    ax0 = axes.flat[0]
+    ax0.set_ylim(0, ymax)
+    ax0.set_xlim(0, 1)
     for ax in list(axes.flat)[len(pits):]:
         ax.set_visible(False)
-    fig.suptitle(_wrap("Randomized PIT of every sampled token under the exact target law (flat = lossless)",
-                       3.2 * cols))
+    for col in range(cols):  # the lowest panel shown in each column carries the u axis
+        shown = [axes[row, col] for row in range(rows) if row * cols + col < len(pits)]
+        shown[-1].xaxis.set_tick_params(labelbottom=True)
+        shown[-1].set_xlabel("u")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("density")
+    fig.suptitle(_wrap("Randomized PIT under the exact target law. Lossless ⇒ flat (dashed line); flat does not "
+                       "imply lossless: some faults keep every token's PIT uniform", 3.4 * cols, 11), fontsize=11)
     fig.tight_layout()
     return fig
 
@@ -181,6 +249,165 @@ def step_decomposition(p: np.ndarray, q: np.ndarray, kept: np.ndarray, replaced:
     _token_axis(ax, order, tokens)
     return _finish(fig, ax, "Modified rejection sampling, one step: the two parts add up to p",
                    ylabel="probability")
+
+
+def three_token_step(p: np.ndarray, q: np.ndarray, kept: np.ndarray, replaced: np.ndarray, tokens,
+                     rule: str = "leviathan", sampled: np.ndarray | None = None) -> Figure:
+    """One verification step on a tiny vocabulary, as a picture of the proof.
+
+    Left: p and q side by side, the overlap min(p, q) shaded: that much of each token's mass is emitted as
+    an accepted draft; the part of p above q, (p − q)+, is missing and is what the residual must supply.
+    Right: what ``rule`` emits, kept part (the accepted draft) stacked under the replaced part ρ·r(x), against p
+    (black ticks); TV(out, p) in the title; ``sampled`` frequencies as white dots when given.
+    """
+    colors = sns.color_palette()
+    x = np.arange(len(p))
+    fig, axes = _grid(1, 2, (10.5, 3.9), sharey=True)
+    left, right = axes[0]
+    left.bar(x - 0.2, p, width=0.4, color="white", edgecolor="black", linewidth=1.5, label="target p")
+    left.bar(x + 0.2, q, width=0.4, color="white", edgecolor=colors[2], linewidth=1.5, label="draft q")
+    overlap = np.minimum(p, q)
+    left.bar(x - 0.2, overlap, width=0.4, color=colors[0], alpha=0.8, label="min(p, q): kept")
+    left.bar(x - 0.2, np.maximum(p - q, 0), bottom=overlap, width=0.4, color=colors[1], alpha=0.8,
+             label="(p − q)+: the residual's job")
+    left.set_xticks(x, tokens)
+    left.set_ylabel("probability")
+    left.set_title("p against q: the overlap is kept", fontsize=11)
+    left.legend(fontsize=9, loc="upper right")
+    out = kept + replaced
+    right.bar(x, kept, width=0.5, color=colors[0], label="kept draft")
+    right.bar(x, replaced, bottom=kept, width=0.5, color=colors[1], label="replaced: ρ · r(x)")
+    right.scatter(x, p, marker="_", s=900, linewidths=2.5, color="black", label="target p", zorder=3)
+    if sampled is not None:
+        right.scatter(x, sampled, marker="o", s=40, color="white", edgecolor="black", zorder=4,
+                      label="sampled frequency")
+    right.set_xticks(x, tokens)
+    tv = 0.5 * float(np.abs(out - p).sum())
+    right.set_title(_wrap(f"what {rule} emits: TV(out, p) = {tv:.3f}", 5, 11), fontsize=11,
+                    color="black" if tv < 1e-9 else VERDICT_COLORS["rejected"])
+    right.legend(fontsize=9, loc="upper right")
+    left.set_ylim(0, max(1.0, float(out.max()) * 1.15))
+    fig.tight_layout()
+    return fig
+
+
+def block_routes(routes: dict[str, np.ndarray], p_next: np.ndarray, tv: pd.DataFrame, top: int = 15,
+                 tokens=None, given: str = "") -> Figure:
+    """The block argument in one figure. Left: the law of token 2 given token 1 by each route through the
+    block (``routes``: name → law), against p(· | token 1), over the ``top`` most likely tokens. Right: the exact
+    TV over the first two tokens (``tv``: columns ``rule`` and ``exact TV``, log scale; the correct rules at
+    rounding level, the wrong ones far from 0)."""
+    order = np.argsort(p_next)[::-1][:top]
+    x = np.arange(len(order))
+    fig, axes = _grid(1, 2, (12, 4.6), gridspec_kw={"width_ratios": [1.6, 1]})
+    left, right = axes[0]
+    left.plot(x, p_next[order], color="black", linewidth=6, alpha=0.25, label="p(· | token 1)", zorder=1)
+    markers = "os^Dvx*P"
+    for i, (name, law) in enumerate(routes.items()):
+        left.plot(x, np.asarray(law)[order], marker=markers[i % len(markers)], linestyle="none", markersize=7,
+                  color=sns.color_palette()[i % 10], label=name, zorder=2, alpha=0.9)
+    _token_axis(left, order, tokens, xlabel=f"token 2, most likely under p first{given}")
+    left.set_ylabel("probability")
+    left.set_title("Token 2 given token 1, by route through the block", fontsize=11)
+    left.legend(fontsize=8.5)
+    frame = tv.assign(shown=np.maximum(tv["exact TV"].to_numpy(dtype=float), 1e-18))
+    colors = [VERDICT_COLORS["equivalent"] if v < 1e-9 else VERDICT_COLORS["rejected"] for v in frame["shown"]]
+    right.barh(np.arange(len(frame)), frame["shown"], color=colors)
+    right.set_yticks(np.arange(len(frame)), [_wrap(r, 3.2, 9) for r in frame["rule"]], fontsize=9)
+    right.invert_yaxis()
+    right.set_xscale("log")
+    right.set_xlabel("exact TV from p, first two tokens")
+    right.set_title("Enumerated on the bundled pair", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def bug_anatomy(parts: list[dict], top: int = 12, tokens=None, cols: int = 3) -> Figure:
+    """One panel per negative control: the first step it emits, split into the accepted-draft part and the
+    replacement part, against the true target law p (black ticks) over p's ``top`` tokens; its exact TV in
+    the title. ``parts``: dicts with ``name``, ``p``, ``kept``, ``replaced``, ``tv`` and ``label`` (what the two
+    parts are called, e.g. for the bonus fault) from
+    :func:`specdec_lab.experiments.negative_controls.bug_anatomy`."""
+    rows = -(-len(parts) // cols)
+    fig, axes = _grid(rows, cols, (4.3 * cols, 3.3 * rows + 0.9))  # own y range each: no panel flattened
+    colors = sns.color_palette()
+    for ax, part in zip(axes.flat, parts):
+        order = np.argsort(part["p"])[::-1][:top]
+        x = np.arange(len(order))
+        kept_label, replaced_label = part.get("labels", ("kept draft", "replaced"))
+        ax.bar(x, part["kept"][order], color=colors[0], label=kept_label)
+        if part["replaced"].any():
+            ax.bar(x, part["replaced"][order], bottom=part["kept"][order], color=colors[1], label=replaced_label)
+        ax.scatter(x, part["p"][order], marker="_", s=180, linewidths=2, color="black", label="target p", zorder=3)
+        if tokens is not None:
+            ax.set_xticks(x, [tokens[i] for i in order], rotation=90, fontsize=8)
+        else:
+            ax.set_xticks([])
+        ax.set_title(_wrap(f"{part['name']}: exact TV {part['tv']:.3f}", 4.1, 10), fontsize=10)
+        ax.legend(fontsize=7.5, loc="upper right")
+    for ax in list(axes.flat)[len(parts):]:
+        ax.set_visible(False)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("probability")
+    fig.suptitle(_wrap("Anatomy of each negative control: where its one step puts the mass (bars) against where p "
+                       "puts it (ticks)", 4.3 * cols, 12), fontsize=12)
+    fig.tight_layout()
+    return fig
+
+
+def agreement_by_position(agreement: np.ndarray, independent_first: float) -> Figure:
+    """How often same-seed naive and speculative chains emit the same token at each position, with the chance
+    that two *independent* draws from p agree on the first token (Σ p(x)²) as a reference line."""
+    agreement = np.asarray(agreement, dtype=float)
+    x = np.arange(1, len(agreement) + 1)
+    fig, ax = _new((7.5, 3.6))
+    ax.plot(x, agreement, marker="o", label="same seed: naive and speculative emit the same token")
+    ax.axhline(independent_first, color="black", linestyle="--", linewidth=1,
+               label=f"two independent draws from p, position 1: Σ p² = {independent_first:.3f}")
+    ax.set_xticks(x)
+    ax.set_ylim(0, 1)
+    return _finish(fig, ax, "Same seed, different samples: agreement by position", xlabel="position",
+                   ylabel="fraction of chains", legend=dict(fontsize=9))
+
+
+def audit_verdicts(table: pd.DataFrame, tolerance: float = 0.02) -> Figure:
+    """An audit table (:func:`specdec_lab.audit.run_audits`, several engines concatenated) as
+    :func:`tv_bounds`: one bar per audited row (implementation and settings), coloured by verdict, hatched
+    when it is a negative control."""
+    frame = table.assign(sampler=[f"{i}: {s}" if s else str(i) for i, s in zip(table["implementation"],
+                                                                              table["settings"])])
+    frame["sampler"] = [_wrap(name, 6, 10) if len(name) > 70 else name for name in frame["sampler"]]
+    return tv_bounds(frame[["sampler", "TV upper 99%", "expected", "verdict", "Holm p"]], tolerance)
+
+
+def size_meta_test(frame: pd.DataFrame, alpha: float, limit: float) -> Figure:
+    """The suite's size under H0, per test: the rejection rate over replicates drawn from the exact law at
+    level α (bars; α and the binomial limit α + 3 se as lines), and each single test's KS p-value of its
+    p-values against Uniform(0, 1) (dots, right; small = not uniform).
+
+    ``frame`` from :func:`specdec_lab.experiments.negative_controls.meta_test_figure_frame`."""
+    fig, axes = _grid(1, 2, (12, 0.35 * len(frame) + 2.0), sharey=True)
+    left, right = axes[0]
+    y = np.arange(len(frame))
+    rate = frame["rejection rate"].to_numpy(dtype=float)
+    left.barh(y, rate, color=[VERDICT_COLORS["rejected"] if r > limit else sns.color_palette()[0] for r in rate])
+    left.axvline(alpha, color="black", linestyle="--", linewidth=1, label=f"α = {alpha:g}")
+    left.axvline(limit, color="black", linestyle=":", linewidth=1.5, label=f"α + 3 se = {limit:.3f}")
+    left.set_yticks(y, frame["test"], fontsize=9)
+    left.invert_yaxis()
+    left.set_xlim(0, max(limit * 1.5, rate.max() * 1.1 + 1e-3))
+    left.set_xlabel("rejection rate under H0")
+    left.legend(fontsize=9, loc="lower right")
+    ks = frame["KS p-value"].to_numpy(dtype=float)
+    right.scatter(np.where(np.isnan(ks), np.nan, np.maximum(ks, 1e-6)), y, color="black")
+    right.axvline(1e-3, color=VERDICT_COLORS["rejected"], linestyle="--", linewidth=1, label="1e-3")
+    right.set_xscale("log")
+    right.set_xlim(1e-6, 1.5)
+    right.set_xlabel("KS p-value: p-values uniform? (Holm-combined: not shown)")
+    right.legend(fontsize=9, loc="lower left")
+    fig.suptitle("Size of the suite on samples of the exact law: rejections at about α, p-values uniform", fontsize=12)
+    fig.tight_layout()
+    return fig
 
 
 def exact_tv(table: pd.DataFrame) -> Figure:
@@ -226,7 +453,7 @@ def power_curves(frame: pd.DataFrame) -> Figure:
         part = frame[frame["alternative"] == name]
         ax.errorbar(part["m"], part["simulated"], yerr=2 * part["se"], fmt="o", color="black",
                     capsize=3, label="simulated ± 2 se")
-        ax.plot(part["m"], part["noncentral χ²"], label="noncentral χ² at this q")
+        ax.plot(part["m"], part["noncentral χ²"], label="noncentral χ² at this law")
         ax.plot(part["m"], part["planner (worst case)"], linestyle="--", label="planner, worst case at this TV")
         ax.set_xscale("log")
         _plain_ticks(ax)
@@ -392,3 +619,37 @@ def detection_power(power: pd.DataFrame, level: float = 0.9) -> Figure:
     m = int(power["m"].iloc[0])
     return _finish(fig, ax, f"What the suite can see at m = {m:,}: power against planted faults",
                    legend=dict(fontsize=8))
+
+
+def kernel_tests(tests: pd.DataFrame, title: str) -> Figure:
+    """A kernel audit at a glance: −log10 of each law and acceptance test's Holm-adjusted p-value by
+    scenario row and position (darker = stronger evidence against the kernel; 3 is α = 0.001)."""
+    cells = tests[tests["kind"].isin(["law", "acceptance"])].copy()
+    cells["evidence"] = -np.log10(cells["holm"].clip(lower=1e-300))
+    cells["test"] = cells["kind"] + " @" + cells["position"].astype(int).astype(str)
+    grid = cells.pivot_table(index="row", columns="test", values="evidence", aggfunc="max")
+    fig, ax = _new((11, 0.45 * len(grid) + 2))
+    sns.heatmap(grid.clip(upper=10), ax=ax, cmap="rocket_r", vmin=0, vmax=10, linewidths=0.5,
+                cbar_kws={"label": "−log10 Holm p (capped at 10)"})
+    ax.set_ylabel("scenario row")
+    ax.set_xlabel("")
+    ax.set_title(_wrap(title, 11))
+    fig.tight_layout()
+    return fig
+
+
+def kernel_rows(panels: list[tuple[str, np.ndarray, np.ndarray]], top: int = 20) -> Figure:
+    """Observed against exact mass for the ``top`` tokens of largest gap, one panel per (title, counts, p)."""
+    fig, axes = _grid(len(panels), 1, (10, 3.2 * len(panels)))
+    for ax, (title, counts, p) in zip(axes[:, 0], panels):
+        observed = counts / max(1, counts.sum())
+        order = np.argsort(-np.abs(observed - p))[:top]
+        x = np.arange(len(order))
+        ax.bar(x - 0.2, observed[order], width=0.4, label="observed")
+        ax.bar(x + 0.2, p[order], width=0.4, label="exact p", color=sns.color_palette()[2])
+        ax.set_xticks(x, [str(t) for t in order], rotation=90, fontsize=8)
+        ax.set_ylabel("mass")
+        ax.set_title(_wrap(title, 10, 11), fontsize=11)
+        ax.legend(fontsize=9)
+    fig.tight_layout()
+    return fig

@@ -65,14 +65,16 @@ def plot_tv_bounds(summary: pd.DataFrame, tolerance: float, path: Path) -> None:
     plots.save(plots.tv_bounds(summary, tolerance), path)
 
 
-def plot_first_token(laws: dict[str, np.ndarray], exact: np.ndarray, path: Path, top: int = 25) -> None:
-    """Empirical first-token frequencies of several samplers next to the exact target law."""
-    plots.save(plots.first_token(laws, exact, top), path)
+def plot_first_token(laws: dict[str, np.ndarray], exact: np.ndarray, path: Path, top: int = 25, tokens=None,
+                     samples: dict[str, int] | int | None = None) -> None:
+    """Empirical first-token frequencies of several samplers next to the exact target law, token strings on
+    the axis and the ±2 sd band of each sample size (:func:`specdec_lab.plots.first_token`)."""
+    plots.save(plots.first_token(laws, exact, top, tokens=tokens, samples=samples), path)
 
 
-def plot_pit(pits: dict[str, np.ndarray], path: Path, bins: int = 20) -> None:
-    """Randomized PIT histograms: flat for a lossless sampler."""
-    plots.save(plots.pit(pits, bins), path, dpi=100)
+def plot_pit(pits: dict[str, np.ndarray], path: Path, bins: int = 20, verdicts: dict[str, str] | None = None) -> None:
+    """Randomized PIT histograms, panel titles coloured by verdict (flat is necessary, not sufficient)."""
+    plots.save(plots.pit(pits, bins, verdicts=verdicts), path, dpi=100)
 
 
 def plot_speedup(table: pd.DataFrame, path: Path | str | None = None, title: str = ""):

@@ -92,14 +92,25 @@ def make_generator(seed: int, device: str | torch.device = "cpu") -> torch.Gener
 def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """Draw one token per row from probs (..., V) -> (...) int64, using ``generator`` only.
 
-    Inverse-CDF sampling: u ~ U(0, 1) and the first token whose cumulative mass exceeds u·total.
-    Tokens of probability 0 can never be drawn (their cumulative mass equals their predecessor's,
-    and the index is capped at the last token of positive probability).
+    Inverse-CDF sampling (:func:`inverse_cdf`) with one u ~ U(0, 1) per row from ``generator``.
     """
     flat = probs.reshape(-1, probs.shape[-1])  # (R, V)
-    cdf = torch.cumsum(flat, dim=-1)
     u = torch.rand(flat.shape[0], 1, generator=generator, dtype=flat.dtype, device=flat.device)
-    draws = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1)  # (R,)
-    V = flat.shape[-1]
-    last_positive = V - 1 - torch.flip(flat > 0, dims=[-1]).long().argmax(dim=-1)
-    return torch.minimum(draws, last_positive).reshape(probs.shape[:-1])
+    return inverse_cdf(flat, u).reshape(probs.shape[:-1])
+
+
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Tokens (R, n) int64 at uniforms u (R, n) in [0, 1) for laws probs (R, V): the first token whose
+    cumulative mass exceeds u·total.
+
+    Tokens of probability 0 can never be drawn (their cumulative mass equals their predecessor's,
+    and the index is capped at the last token of positive probability).
+
+    >>> inverse_cdf(torch.tensor([[0.25, 0.0, 0.75]]), torch.tensor([[0.1, 0.3, 0.99]])).tolist()
+    [[0, 2, 2]]
+    """
+    cdf = torch.cumsum(probs, dim=-1)  # (R, V)
+    draws = torch.searchsorted(cdf, u.to(cdf.dtype) * cdf[:, -1:], right=True)  # (R, n)
+    V = probs.shape[-1]
+    last_positive = V - 1 - torch.flip(probs > 0, dims=[-1]).long().argmax(dim=-1)  # (R,)
+    return torch.minimum(draws, last_positive[:, None])

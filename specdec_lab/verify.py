@@ -15,7 +15,8 @@ the two tokens whose joint law is enumerated exactly (naive sampling has no bloc
 cover). ``--length L`` sets one L for every row instead.
 
 Sample sizes: each lossless row's m is planned from its exact law (:func:`plan_samples`) so that a
-correct row is *equivalent* with probability 0.999; negative controls run at the scale's fixed size.
+correct row's bound reaches its tolerance with probability 0.999 (with Holm's α = 0.01 on its tests, a
+correct row fails with probability <= 0.011); negative controls run at the scale's fixed size.
 Rows run side by side in worker processes (:func:`run_rows`); each row's random streams depend only
 on (seed, row index), so the report does not depend on how many workers ran it (up to float32
 rounding of the scores, which depends on the threads per process).
@@ -34,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specdec_lab import exact, report, stats
+from specdec_lab import exact, plots, report, stats
 from specdec_lab.collect import collect
 from specdec_lab.models import load_pair
 from specdec_lab.sampling import SamplingConfig
@@ -390,8 +391,11 @@ def run_verify(pair, options: VerifyOptions) -> dict:
     summary = report.summary_table(entries)
     table = report.verdict_table(entries)
     report.plot_tv_bounds(summary, scale.tolerance, folder / "tv_bounds.png")
-    report.plot_first_token(first_laws, ordered[0][1]["first_law"], folder / "first_token.png")
-    report.plot_pit(pits, folder / "pit.png")
+    verdicts = dict(zip(summary["sampler"], summary["verdict"]))
+    report.plot_first_token(first_laws, ordered[0][1]["first_law"], folder / "first_token.png",
+                            tokens=plots.token_strings(pair), samples={row.name: row.n for row, _ in ordered
+                                                                       if row.name in first_laws})
+    report.plot_pit(pits, folder / "pit.png", verdicts=verdicts)
     passed = bool(summary["correct call"].all())
     seconds = time.time() - began
     _write_markdown(folder, summary, table, options, scale, pair, passed, seconds)

@@ -142,9 +142,9 @@ def test_eagle_head_drafts_and_greedy_equals_reference_greedy(pair):
 
 def greedy_speculative(target, head, prompt: torch.Tensor, length: int, k: int):
     """Our greedy speculative decode with the EAGLE-3 head, step for step as vLLM runs it: the target emits the
-    first token alone, then each step drafts k (``eagle3_train.greedy_drafts``), verifies them in one target
+    first token alone, then each step drafts k (``training.eagle3.greedy_drafts``), verifies them in one target
     pass and keeps the agreeing prefix plus the target's next token. Returns (tokens, steps, accepted)."""
-    from specdec_lab.eagle3_train import greedy_drafts
+    from specdec_lab.training.eagle3 import greedy_drafts
 
     with torch.no_grad():
         context = torch.cat([prompt, target(prompt[None]).logits[0, -1:].argmax(-1)])
@@ -163,7 +163,7 @@ def test_eagle3_head_in_vllm_drafts_what_our_forward_drafts(pair):
     lm_head shared): greedy output is the target's own, and vLLM's acceptance counters equal those of our
     PyTorch decode with the same head. Any disagreement between our forward and what vLLM loads (names,
     norms, aux layers, positions, the fed-back state) changes the drafts and so the counts."""
-    from specdec_lab.eagle3_train import EAGLE3_SUBDIR, load_head
+    from specdec_lab.training.eagle3 import EAGLE3_SUBDIR, load_head
     from specdec_lab.models import BUNDLED_DIR
 
     head = load_head(BUNDLED_DIR / EAGLE3_SUBDIR, pair.target.config)

@@ -41,7 +41,7 @@ import playwright.sync_api as playwright
 import pytest
 
 from specdec_lab import theory
-from specdec_lab.experiments import speedup_calibrator
+from specdec_lab.experiments import speedup_calibrator, worked_example
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
@@ -53,6 +53,7 @@ CHROMIUM_ARGS = [  # a closed network: without the background-networking flags C
 PARALLEL = int(os.environ.get("SPECDEC_LAB_BROWSER_PARALLEL", "2"))
 NOTEBOOK_TIMEOUT_S = 600  # one notebook, all cells (ci scale: 4-70 s each on 2 idle cores)
 CALIBRATOR = "06_speedup_calibrator.ipynb"
+EXPLORER = "00_worked_example.ipynb"  # the 3-token worked example's sliders
 LONGEST = "05_negative_controls_and_power.ipynb"  # ≈ 1 min at ci scale, twice any other
 K_MAX = 12  # the calibrator's table and plot span K = 0..12
 
@@ -233,7 +234,11 @@ def open_notebook(context, lab: Lab, name: str):
 
 
 def run_all_cells(page) -> None:
-    """Run ▸ Run All Cells, from the menu bar."""
+    """Clear the committed outputs (the notebooks are committed rendered: a stale figure or prompt must not pass
+    for a fresh one), then Run ▸ Run All Cells, from the menu bar."""
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:clear-all-cell-outputs')")
+    page.wait_for_function("() => Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputPrompt'))"
+                           ".every(e => !/\\d/.test(e.textContent))", timeout=30_000)
     page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
     page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
     page.wait_for_function(f"() => ({PROMPTS})().some(p => p.includes('*'))", timeout=30_000)
@@ -321,15 +326,18 @@ def selected_notebooks(request) -> list[str]:
     for item in request.session.items:
         if getattr(item, "module", None) is sys.modules[__name__]:  # doctest items have no module
             params = getattr(item, "callspec", None)
-            names.add(params.params["name"] if params and "name" in params.params else CALIBRATOR)
-    # 06 first (its page stays open for the calibrator test), then the longest, so it does not run alone at the end
-    return sorted(names, key=lambda n: (n != CALIBRATOR, n != LONGEST, n))
+            if params and "name" in params.params:
+                names.add(params.params["name"])
+            else:  # a widget test: the notebook whose widget it moves
+                names.add(EXPLORER if "explorer" in item.name else CALIBRATOR)
+    # 06 and 00 first (their pages stay open for the widget tests), then the longest, so it does not run alone at the end
+    return sorted(names, key=lambda n: (n != CALIBRATOR, n != EXPLORER, n != LONGEST, n))
 
 
 @pytest.fixture(scope="module")
 def runs(request, lab, browser, shots):
     started = time.monotonic()
-    done = run_notebooks(browser, lab, selected_notebooks(request), keep={CALIBRATOR}, shots=shots)
+    done = run_notebooks(browser, lab, selected_notebooks(request), keep={CALIBRATOR, EXPLORER}, shots=shots)
     timing = {name: round(run.seconds, 1) for name, run in done.items()}
     timing["all (wall)"] = round(time.monotonic() - started, 1)
     (shots / "timing.json").write_text(json.dumps(timing, indent=1))
@@ -528,3 +536,78 @@ def test_calibrator_controls_give_the_theory(runs, shots):
     previous, state = state, wait_for_text(interact, expected_view(alpha, k, c)["text"])
     check_view(state, alpha, k, c, "manual c", previous)
     assert not state["controls"]["c"]["disabled"]
+
+
+# ------------------------------------------------------------ the 3-token explorer (notebook 00)
+
+EXPLORER_STATE = """el => {
+    const out = el.querySelector('.widget-output');
+    const text = out && out.querySelector('.jp-RenderedText pre');
+    const img = out && out.querySelector('img');
+    return {
+        text: text ? text.textContent.trim() : null,
+        image: img && img.complete && img.naturalWidth > 0 ? img.src : null,
+        controls: Object.fromEntries(Array.from(el.querySelectorAll('.widget-slider')).map(s =>
+            [s.querySelector('.widget-label').textContent.trim(), s.querySelector('.widget-readout').textContent.trim()])),
+        rule: el.querySelector('.widget-dropdown select').value,
+    };
+}"""
+
+
+def explorer_expected(state: dict) -> str:
+    """The explorer's line at the readouts it shows, from the library alone."""
+    weights = {name: float(value) for name, value in state["controls"].items()}
+    p = worked_example.normalise([weights[f"p {t}"] for t in worked_example.TOKENS])
+    q = worked_example.normalise([weights[f"q {t}"] for t in worked_example.TOKENS])
+    return worked_example.explorer_text(p, q, state["rule"])
+
+
+def wait_for_explorer(interact, want: str, timeout_s: float = 60) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = interact.evaluate(EXPLORER_STATE)
+        if state["text"] == want and state["image"]:
+            time.sleep(0.3)  # the figure arrives after the text
+            return interact.evaluate(EXPLORER_STATE)
+        if time.monotonic() > deadline:
+            raise AssertionError(f"explorer did not show {want!r} within {timeout_s} s; it shows {state['text']!r}")
+        time.sleep(0.2)
+
+
+def test_explorer_sliders_update_the_law(runs, shots):
+    """Notebook 00: move p's A slider and q's C slider with the keyboard, then pick a faulty rule; after each move
+    the printed output law is the library's at the readouts shown, and the picture changes."""
+    page = runs[EXPLORER].page
+    interact = page.locator(".widget-interact")
+    assert interact.count() == 1, "notebook 00 should show one explorer"
+    interact.scroll_into_view_if_needed()
+    before = interact.evaluate(EXPLORER_STATE)
+    assert before["text"] == explorer_expected(before) and before["image"], before["text"]
+    assert "TV(out, p) = 0.000" in before["text"]
+    interact.screenshot(path=shots / "00_explorer_before.png")
+
+    def slider(name):
+        return interact.locator(".widget-slider").filter(
+            has=page.locator(".widget-label", has_text=re.compile(f"^{name}$")))
+
+    state = before
+    for name, presses in (("p A", 4), ("q C", -6)):
+        slider(name).locator(".noUi-handle").focus()
+        for _ in range(abs(presses)):
+            page.keyboard.press("ArrowRight" if presses > 0 else "ArrowLeft")
+        deadline = time.monotonic() + 30
+        while interact.evaluate(EXPLORER_STATE)["controls"][name] == state["controls"][name]:
+            assert time.monotonic() < deadline, f"the {name} slider did not move"
+            time.sleep(0.2)
+        time.sleep(0.5)  # continuous_update is off: the value is sent when the keys stop
+        moved = interact.evaluate(EXPLORER_STATE)
+        previous, state = state, wait_for_explorer(interact, explorer_expected(moved))
+        assert state["text"] != previous["text"], f"moving {name} did not change the law shown"
+        assert state["image"] != previous["image"], f"moving {name} did not redraw the picture"
+        assert "TV(out, p) = 0.000" in state["text"], "the correct rule must give out = p at any p and q"
+
+    interact.locator(".widget-dropdown select").select_option("residual_from_p")
+    previous, state = state, wait_for_explorer(interact, explorer_expected({**state, "rule": "residual_from_p"}))
+    tv = float(re.search(r"TV\(out, p\) = ([0-9.]+)", state["text"]).group(1))
+    assert tv > 0.01 and state["image"] != previous["image"], state["text"]
+    interact.screenshot(path=shots / "00_explorer_after.png")

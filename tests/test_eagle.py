@@ -1,4 +1,4 @@
-"""The bundled EAGLE head (data/models/eagle, `python -m specdec_lab.eagle_train`), in the main environment.
+"""The bundled EAGLE head (data/models/eagle, `python -m specdec_lab.training.eagle`), in the main environment.
 
 vLLM's side (the head loads in EagleLlamaForCausalLM, drafts, is accepted, greedy equals greedy) is in
 tests/test_audit_vllm.py; here: the files match the manifest, the head reads back from vLLM's names, and
@@ -8,7 +8,7 @@ on a passage of the corpus it agrees with the target far better than its untrain
 import torch
 import torch.nn.functional as F
 
-from specdec_lab.eagle_train import EAGLE_SUBDIR, EagleHead, draft_step, load_head
+from specdec_lab.training.eagle import EAGLE_SUBDIR, EagleHead, draft_step, load_head
 from specdec_lab.models import BUNDLED_DIR, verify_manifest
 
 # Romeo and Juliet, Act II, Scene II (public domain; in the training corpus, as every prompt here is).

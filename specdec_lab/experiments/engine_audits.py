@@ -19,6 +19,13 @@ def audit_first_freqs(table: pd.DataFrame, vocab_size: int) -> dict[str, np.ndar
             for r, (_, row) in zip(table.attrs["results"], table.iterrows())}
 
 
+def audit_sample_sizes(*tables) -> dict[str, int]:
+    """The sample size m of every audit row, keyed like :func:`audit_first_freqs` (for the ±2 sd bands of
+    :func:`specdec_lab.plots.first_token`)."""
+    return {f"{r.name} ({row['settings']})": int(r.suite.m) for table in tables if table is not None
+            for r, (_, row) in zip(table.attrs["results"], table.iterrows())}
+
+
 def vllm_sampler_checks(pair, prompt_ids: torch.Tensor, requests: int, temperature: float = 1.0) -> pd.DataFrame:
     """vLLM's own rejection sampler on the exact p and q after ``prompt_ids``, with and without its
     ``apply_sampling_constraints`` step (:func:`specdec_lab.adapters.vllm.sampler_check`), one row per
@@ -57,3 +64,57 @@ def llama_server_audits(pair, n: int, length: int, out, seed: int = 13) -> pd.Da
                  AuditCase(endpoint(plain, "target-nodraft", SamplingConfig(temperature=0.7)),
                            scored_at=SamplingConfig(), expected="negative control")]
         return run_audits(pair, cases, n, length, out, seed=seed, progress=False)
+
+
+def engine_missing(engine: str) -> str | None:
+    """Why ``engine`` ("vllm" or "llama.cpp") cannot run on this machine, or None when it is built.
+
+    vLLM runs from its own environment (``make vllm``; ``$SPECDEC_LAB_VLLM_PYTHON`` points at another one, as
+    ``make test``, ``make notebooks``, ``make notebooks-render`` and ``make browser`` do for the per-machine cache);
+    llama.cpp's ``llama-server`` from the per-machine build (``make llama-cpp``). The notebook skips the
+    sections of a missing engine with this message instead of failing."""
+    try:
+        if engine == "vllm":
+            from specdec_lab.adapters import vllm
+
+            vllm.vllm_python()
+        elif engine == "llama.cpp":
+            from specdec_lab.adapters import llamacpp
+
+            llamacpp.engine_binary("llama-server")
+            if not llamacpp.converter_dir().exists():
+                raise FileNotFoundError(f"llama.cpp's GGUF converter is missing ({llamacpp.converter_dir()}); "
+                                        "run `make .venv/.audit-installed` (part of `make test`)")
+        else:
+            raise ValueError(f"unknown engine {engine!r}; valid: vllm, llama.cpp")
+    except FileNotFoundError as missing:
+        return f"{engine} is not built on this machine, so its section is skipped: {missing}"
+    return None
+
+
+def vllm_audits(pair, n: int, length: int, seed: int = 11) -> pd.DataFrame:
+    """vLLM's offline engine (its CPU build, in its own environment) on the bundled pair: without speculation
+    (the reference), with its draft model (K = 4), and the negative control (no speculation, asked for T = 0.7,
+    scored at T = 1). One :func:`specdec_lab.audit.run_audits` table."""
+    from specdec_lab.adapters import vllm
+    from specdec_lab.audit import AuditCase, run_audits
+    from specdec_lab.sampling import SamplingConfig
+
+    cases = [AuditCase(vllm.VllmOfflineConfig("none", progress=False)),
+             AuditCase(vllm.VllmOfflineConfig("draft_model", k=4, progress=False)),
+             AuditCase(vllm.VllmOfflineConfig("none", SamplingConfig(temperature=0.7), progress=False),
+                       scored_at=SamplingConfig(), expected="negative control")]
+    return run_audits(pair, cases, n, length, work_dir(), seed=seed, progress=False)
+
+
+def all_audits(*tables) -> pd.DataFrame:
+    """The audit tables that ran (None for a skipped engine), one below the other, for one figure."""
+    return pd.concat([t for t in tables if t is not None], ignore_index=True)
+
+
+def vllm_expand_check() -> dict:
+    """vLLM's ``expand_batch_to_tokens`` on per-request temperatures [1.0, 0.7], two draft tokens each
+    (:func:`specdec_lab.adapters.vllm.expand_check`): what its CPU kernel spreads per token."""
+    from specdec_lab.adapters import vllm
+
+    return vllm.expand_check()

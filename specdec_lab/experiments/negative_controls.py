@@ -256,3 +256,43 @@ def size_meta_test(pair, prompt_ids: torch.Tensor, m: int, reps: int, settings: 
                "KS p-value per test": {c: stats.uniformity_test(table[c]).pvalue for c in table.columns
                                        if "Holm" not in c}}
     return table, size
+
+
+def bug_anatomy(pair, prompt_ids: torch.Tensor) -> list[dict]:
+    """Per negative control, where its first verification step puts the mass after the prompt, at the settings
+    the fault needs (:func:`specdec_lab.exact.step_parts`): the accepted-draft part, the replacement part, the
+    true target law p at those settings, and the exact TV of their sum from p.
+
+    The bonus fault's first step is correct (its TV there is ~0); its anatomy is the bonus itself: with K = 1 and
+    the draft accepted, the token after it is drawn from p at the draft's own position (the first token's law)
+    instead of p at the next one. Its panel shows that bonus law against p(· | most likely first token) and
+    the exact TV of the first two tokens (:func:`specdec_lab.exact.sequence_law`)."""
+    target_logits, draft_logits = exact.first_token_logits(pair, prompt_ids)
+    parts = []
+    for name, verifier in FAULTY.items():
+        needs = dict(verifier.needs or {})
+        k = needs.pop("k", 4)
+        config = SamplingConfig(**needs)
+        p = to_probs(target_logits, config)
+        if verifier.bonus_offset != 0:
+            law = exact.sequence_law(cached_logits_at(pair, prompt_ids), pair.vocab_size, k, 2, config, verifier)
+            first = int(torch.argmax(p))
+            next_logits, _ = exact.model_logits_at(pair, prompt_ids)(torch.tensor([[first]]))
+            p_next = to_probs(next_logits[0], config)
+            parts.append({"name": f"{name} (token 2 after an accepted '{pair.decode([first])}', K = 1)",
+                          "p": p_next.numpy(), "kept": p.numpy(), "replaced": np.zeros_like(p.numpy()),
+                          "labels": ("bonus drawn from p at position K", ""), "tv": law.tv, "settings": needs})
+            continue
+        kept, replaced = exact.step_parts(target_logits, draft_logits, config, verifier)
+        parts.append({"name": name, "p": p.numpy(), "kept": kept.numpy(), "replaced": replaced.numpy(),
+                      "tv": float(exact.tv(kept + replaced, p)), "settings": needs})
+    return parts
+
+
+def meta_test_figure_frame(meta_table: pd.DataFrame, size: dict) -> pd.DataFrame:
+    """The size meta-test as one row per test: its rejection rate over the replicates at α and the KS p-value
+    of its p-values against Uniform(0, 1) (Holm-combined columns: rejection rate only)."""
+    alpha = size["alpha"]
+    return pd.DataFrame([{"test": column, "rejection rate": float((meta_table[column] < alpha).mean()),
+                          "KS p-value": size["KS p-value per test"].get(column, np.nan)}
+                         for column in meta_table.columns])

@@ -188,3 +188,60 @@ def greedy_precision_effect(pair, prompt_ids: torch.Tensor, length: int,
                      "positions agreeing": float((chain == reference).float().mean()),
                      "text": pair.decode(chain.tolist())})
     return pd.DataFrame(rows)
+
+
+def block_argument(pair, prompt_ids: torch.Tensor, config: SamplingConfig = SamplingConfig()) -> dict:
+    """The K-token block, checked by enumeration on a real pair: the law of token 2 given token 1 by each
+    route through a block, and the exact TV over two tokens of the right rule and of two wrong ones.
+
+    After token 1 = t (the most likely first token under p), token 2 is emitted by one of three routes:
+
+    * **second draft** (K = 2, t was the accepted first draft): one verification step at prefix t with the
+      draft's second proposal, drawn from q(· | t); its law is kept + replaced at prefix t, i.e. p(· | t);
+    * **bonus** (K = 1, t accepted, the block exhausted): a draw from p at position K + 1, p(· | t);
+    * **new block** (t was a replacement after a rejection; every later draft is dropped): a new block's first
+      verification step at prefix t, again p(· | t).
+
+    Wrong routes: **drafts after a rejection kept** (the second draft was proposed after the *rejected* token x
+    and verified against p(· | x)); its law given t is Σ_x w(x) p(· | x) with w ∝ (q − p)+ over x, whatever t
+    is; **bonus from position K** (the logits one position early): p(· | prompt) instead of p(· | t).
+    The exact joint TVs come from :func:`specdec_lab.exact.sequence_law` (the library's enumeration of the block,
+    K = 1 and K = 2) and, for the kept-drafts fault, from the same decomposition computed here.
+    """
+    from specdec_lab.samplers.faulty import FAULTY
+    from specdec_lab.samplers.rules import LEVIATHAN
+
+    logits_at = cached_logits_at(pair, prompt_ids)
+    V = pair.vocab_size
+    t_logits, d_logits = logits_at(torch.zeros(1, 0, dtype=torch.long))  # (1, V) each
+    p1 = to_probs(t_logits[0], config)
+    kept1, replaced1 = exact.step_parts(t_logits[0], d_logits[0], config, LEVIATHAN)  # (V,)
+    t2_logits, d2_logits = logits_at(torch.arange(V)[:, None])  # (V, V): the laws after each first token
+    p2 = to_probs(t2_logits, config)  # (V, V) p(· | x)
+    step2 = exact.step_law(t2_logits, d2_logits, config, LEVIATHAN)  # (V, V) one verification step at prefix x
+    q1 = to_probs(d_logits[0], config)
+    w = torch.clamp(q1 - p1, min=0.0)
+    kept_drafts_law = (w[:, None] * p2).sum(0) / w.sum()  # token 2 after a rejection when x's drafts are kept
+    joint_right = kept1[:, None] * step2 + replaced1[:, None] * step2
+    joint_target = p1[:, None] * p2
+    joint_kept = kept1[:, None] * step2 + replaced1[:, None] * kept_drafts_law[None, :]
+    t = int(torch.argmax(p1))
+    routes = {"second draft (K = 2, token 1 accepted)": step2[t].numpy(),
+              "bonus from p at K + 1 (K = 1)": p2[t].numpy(),
+              "new block after a rejection": step2[t].numpy(),
+              "✗ drafts after a rejection kept": kept_drafts_law.numpy(),
+              "✗ bonus from p at position K": p1.numpy()}
+    k1 = exact.sequence_law(logits_at, V, 1, 2, config, LEVIATHAN)
+    k2 = exact.sequence_law(logits_at, V, 2, 2, config, LEVIATHAN)
+    bonus = exact.sequence_law(logits_at, V, 1, 2, config, FAULTY["bonus_wrong_position"])
+    tv = pd.DataFrame([
+        {"rule": "Leviathan, K = 1 (bonus at token 2)", "exact TV": k1.tv, "max |law − p|": k1.max_abs_error},
+        {"rule": "Leviathan, K = 2 (second draft at token 2)", "exact TV": k2.tv, "max |law − p|": k2.max_abs_error},
+        {"rule": "this decomposition, K = 2", "exact TV": float(0.5 * (joint_right - joint_target).abs().sum()),
+         "max |law − p|": float((joint_right - joint_target).abs().max())},
+        {"rule": "✗ drafts after a rejection kept, K = 2", "exact TV": float(0.5 * (joint_kept - joint_target).abs().sum()),
+         "max |law − p|": float((joint_kept - joint_target).abs().max())},
+        {"rule": "✗ bonus from position K, K = 1", "exact TV": bonus.tv, "max |law − p|": bonus.max_abs_error},
+    ])
+    return {"first token": pair.decode([t]), "p next": p2[t].numpy(), "routes": routes, "tv": tv,
+            "decomposition vs library": float((joint_right - k2.law).abs().max())}

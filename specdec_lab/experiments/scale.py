@@ -38,6 +38,10 @@ class Scale:
     detection_reps: int = 4  # suite runs per planted fault strength (notebook 05)
     detection_samples: int = 2_000  # samples per detection run (make verify's negative controls: 10,000)
     detection_step: int = 5  # every n-th strength of each planted family's grid (ci: its weakest and strongest)
+    kernel_vocab: int = 32_000  # notebook 09: the vocabulary of the kernels that must pass (Llama-2's)
+    kernel_samples: int = 400  # draws per scenario row for those kernels
+    kernel_control_vocab: int = 4_000  # notebook 09: the negative controls' vocabulary (their faults are large)
+    kernel_control_samples: int = 600  # draws per scenario row for each control (300 misses the greedy-uniforms pair)
 
 
 SCALES = {
@@ -46,7 +50,8 @@ SCALES = {
     "full": Scale("full", samples=80_000, control_samples=10_000, length=3, replicates=200,
                   replicate_samples=4_000, power_reps=1_000, chains=64, audit_samples=20_000,
                   meta_reps=400, meta_samples=10_000, detection_reps=20, detection_samples=10_000,
-                  detection_step=1),
+                  detection_step=1, kernel_vocab=128_256, kernel_samples=4_000, kernel_control_vocab=32_000,
+                  kernel_control_samples=1_000),
 }
 
 
@@ -71,14 +76,16 @@ def default_device() -> str:
 
 
 def setup(name: str | None = None, threads: int | None = 1) -> Scale:
-    """Start a notebook: seaborn's theme, fixed pandas display, and the scale in force.
+    """Start a notebook: seaborn's theme, fixed pandas display, no model-loading progress bars, and the scale in force.
 
     ``threads`` sets torch's intra-op threads; 1 by default: the bundled models' kernels are tiny,
     and on a busy 2-core machine a second spinning thread made a notebook cell up to 30x slower in
     wall time (HF ``generate`` at batch 1: 1,138 s with 2 threads, 37 s with 1). None leaves it alone.
     """
     import seaborn as sns
+    from transformers.utils import logging as transformers_logging
 
+    transformers_logging.disable_progress_bar()  # "Loading weights" bars would land in the committed outputs
     if threads is not None:
         torch.set_num_threads(int(threads))
     sns.set_theme(context="notebook", style="whitegrid")

@@ -1,4 +1,4 @@
-"""Reproduce the bundled models: ``python -m specdec_lab.train [--out data/models]``.
+"""Reproduce the bundled models: ``python -m specdec_lab.training.base [--out data/models]``.
 
 From one seed and an offline public-domain corpus this builds
 

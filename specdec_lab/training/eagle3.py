@@ -1,4 +1,4 @@
-"""Train an EAGLE-3 head for the bundled target, in the layout vLLM loads: ``python -m specdec_lab.eagle3_train``.
+"""Train an EAGLE-3 head for the bundled target, in the layout vLLM loads: ``python -m specdec_lab.training.eagle3``.
 
 EAGLE-3 (Li et al. 2025, "EAGLE-3: Scaling up Inference Acceleration of Large Language Models via
 Training-Time Test"): the draft reads a fusion of *several* target layers instead of the last one, and
@@ -41,7 +41,7 @@ Alignment with vLLM 0.32 (``.venv-vllm/lib/python3.11/site-packages/vllm/``):
   (``last_hidden_states, hidden_states = self.model(...)``) with position + 1, attending to the
   cache of the first pass and of their own earlier steps.
 
-Training (:func:`specdec_lab.train.fit`: the bundled models' corpus, windows, optimiser and schedule)
+Training (:func:`specdec_lab.training.base.fit`: the bundled models' corpus, windows, optimiser and schedule)
 is soft self-distillation against the frozen target at T = 1, KL(p_{t+s} || q^{(s)}_t), averaged over
 ``ttt_steps`` unrolled draft steps. Step s ≥ 2 is EAGLE-3's training-time test: the head is run on
 its own fed-back state g, its queries attending to the first pass causally and to their own row of
@@ -66,8 +66,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specdec_lab.medusa_train import next_token_laws
-from specdec_lab.train import script_parser, train_head
+from specdec_lab.training.medusa import next_token_laws
+from specdec_lab.training.base import script_parser, train_head
 
 EAGLE3_SUBDIR = "eagle3"
 AUX_KEY = "eagle_aux_hidden_state_layer_ids"  # vLLM reads it from the head's config.json
