@@ -5,8 +5,15 @@ Any sampler with ``describe()``/``draw()`` works (see :mod:`specdec_lab.adapters
 samplers as a reference. The samples go through :func:`specdec_lab.collect.collect` (resumable
 parquet with the implementation's settings and version in the metadata), are scored under the
 exact target law p at ``scored_at`` (by default the settings the implementation was asked for),
-and judged by the same suite as :mod:`specdec_lab.verify`: **equivalent** (not rejected and TV
-upper bound ≤ ε), **rejected**, or **inconclusive**.
+and judged by the same suite as :mod:`specdec_lab.verify`: **equivalent** (not rejected and the TV
+upper bound on the joint law of tokens 1–2 ≤ ε), **rejected**, or **inconclusive**.
+
+Engines draw token 1 with the target alone, so an engine verdict bounds the joint law of tokens 1–2
+(the first bounded law that holds a drafted position), reports the token-1 bound as a control of the
+engine's plain sampling, and needs the engine's own counters to show that a bounded position was drafted
+in at least half of the samples: otherwise an equivalent speculative row is *inconclusive (drafting not
+exercised)* (:mod:`specdec_lab.drafting`). Every summary row carries ``bounded positions``,
+``drafted share`` and ``acceptance``.
 
 A negative control runs through the same path: ask the implementation for one setting and score
 it at another (e.g. HF at T = 0.7 scored at T = 1); it must come out rejected, which shows the
@@ -18,18 +25,46 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from specdec_lab import drafting as drafting_
 from specdec_lab.collect import SampleSet, collect
 from specdec_lab.sampling import SamplingConfig
 from specdec_lab.suite import SuiteResult, SuiteSettings, run_suite, score
 
-DEFAULT_PROMPT = "ROMEO:\n"
+# Default prompts of the engine audits (``--prompt`` overrides). An engine verdict bounds the joint law of tokens
+# 1–2, which costs samples in proportion to that law's spread; after a speaker tag the target's token 1 is the
+# newline (p = 0.995 at T = 1, 1.000 at T = 0.7 and with top-p 0.9), so the joint law is about the law of token
+# 2 alone and the joint bound costs what a single-token bound costs (72,881 samples at ε = 0.02 with assurance
+# 0.999 at T = 1, the same as the token-1 bound after "ROMEO:\n"), while token 2 — the first drafted one — keeps
+# a broad law (top token 0.13), so drafts are rejected often enough to exercise the residual.
+DEFAULT_PROMPT = "HAMLET."
+# Prompt lookup drafts only where the context's last n-gram recurs in it, and keeps drafting only while the
+# continuation follows the context: this prompt repeats a line the target knows and stops inside a word, so
+# token 1 is concentrated ("u", p = 0.992), the lookup finds "plag" + "u" earlier and drafts the rest of the line
+# ("e o' both your houses!"), token 2 is that draft's "e" with p = 0.84, and later steps keep finding the line.
+# (After a repeated speaker tag, "HAMLET.\n…\nHAMLET.", token 2 is drafted in every sample too, but the target
+# rarely copies the line — 4 of 300 accepted — so only 60% of the later steps find an n-gram to draft from.)
+LOOKUP_PROMPT = "MERCUTIO.\nA plague o' both your houses!\nMERCUTIO.\nA plag"
 EXPECTED = ("lossless", "negative control")
+NEGATIVE_CONTROL_SAMPLES = 3000  # a wrong law at TV ≈ 0.1 is rejected with power ≈ 1 at this size
+
+
+def plan_audit_samples(pair, prompt: str, sampling: SamplingConfig, tolerance: float = 0.02,
+                       assurance: float = 0.999, seed: int = 0) -> int:
+    """Samples m at which a correct engine's bound on the joint law of tokens 1–2 is below ``tolerance`` with
+    probability ``assurance`` (:func:`stats.plan_bound_by_simulation` on the exact joint law after ``prompt``
+    at ``sampling``, as ``verify`` plans its rows)."""
+    from specdec_lab import stats
+    from specdec_lab.suite import two_token_law
+
+    law = two_token_law(pair, pair.encode(prompt), sampling)
+    return stats.plan_bound_by_simulation(law.joint, tolerance, assurance=assurance,
+                                          rng=np.random.default_rng(seed))
 
 
 def settings_label(sampling: SamplingConfig) -> str:
@@ -65,7 +100,8 @@ def implementation_label(described: dict) -> str:
         return f"HF transformers {described['transformers_version']} {described['mode']}{k}"
     if described.get("sampler") == "vllm_offline":
         k = f" K={described['k']}" if "k" in described else ""
-        return f"vLLM {described['vllm_version']} offline, {described['method']}{k}"
+        patch = f" + our {described['patch']} fix" if described.get("patch") else ""
+        return f"vLLM {described['vllm_version']} offline, {described['method']}{k}{patch}"
     if described.get("sampler") == "endpoint":
         server = described.get("server") or "OpenAI-compatible server"
         return f"{server} `{described['model']}`"
@@ -85,6 +121,22 @@ class AuditResult:
     notes: dict = field(default_factory=dict)
     collect_seconds: float = float("nan")  # wall time of this call's collection (≈ 0 when a finished file was reloaded)
 
+    @property
+    def drafting(self) -> drafting_.Drafting:
+        """Where the engine drafted within the bounded positions (tokens 1–2), from its own counters."""
+        described = self.samples.meta["sampler"]
+        stats = dict(self.samples.meta.get("stats") or {})
+        if described.get("sampler") == "vllm_offline" and "requests" in stats:  # whole requests of n ran
+            stats.setdefault("sequences", stats["requests"] * described["n_per_request"])
+        return drafting_.drafting_evidence(stats, self.suite.m,
+                                           drafting_.speculates(described), drafting_.counter_source(described))
+
+    @property
+    def verdict(self) -> str:
+        """The suite's verdict, made *inconclusive (drafting not exercised)* for an equivalent speculative
+        row whose bounded positions were not shown to be drafted in at least half of the samples."""
+        return drafting_.engine_verdict(self.suite.verdict, self.drafting)
+
     def summary(self) -> dict:
         """One table row: implementation × settings → verdict, TV bound, samples."""
         described = self.samples.meta["sampler"]
@@ -99,14 +151,19 @@ class AuditResult:
         per_pass = stats["emitted_tokens"] / stats["target_passes"] if stats.get("target_passes") else np.nan
         if stats.get("draft_steps"):  # vLLM's own counters: mean acceptance length per verification pass
             per_pass = 1 + stats["accepted_tokens"] / stats["draft_steps"]
-        s = self.suite
+        s, drafted, verdict = self.suite, self.drafting, self.verdict
+        joint = float("nan") if s.joint_bound is None else s.joint_bound.upper
+        words = s.verdict_text + "; " + drafted.words()
+        if verdict != s.verdict:
+            words = f"{verdict}: {words}"
         return {"implementation": self.name, "settings": settings, "expected": self.expected,
-                "L": self.samples.meta["length"], "m": s.m, "TV plug-in": s.tv_plugin,
-                "TV upper 99%": s.tv_bound.upper, "KL (MM)": s.kl, "Holm p": s.global_pvalue,
+                "L": self.samples.meta["length"], "m": s.m, **drafted.columns(),
+                "TV plug-in": s.joint_tv_plugin, "TV upper 99%": joint,
+                "TV upper 99% (token 1)": s.tv_bound.upper, "KL (MM)": s.kl, "Holm p": s.global_pvalue,
                 "tokens/pass": per_pass, "refused": stats.get("refused_samples", 0),
                 **speculation_summary(stats),
-                "verdict": s.verdict, "correct call": correct_call(s.verdict, self.expected),
-                "in words": s.verdict_text, "seconds": round(self.seconds, 1),
+                "verdict": verdict, "correct call": correct_call(verdict, self.expected),
+                "in words": words, "seconds": round(self.seconds, 1),
                 "samples/s": samples_per_second(s.m, stats, self.collect_seconds)}
 
     def tests(self) -> pd.DataFrame:
@@ -138,6 +195,10 @@ def audit(pair, sampler, n: int, length: int, path: str | Path, *, prompt: str =
           progress: bool = True) -> AuditResult:
     """Collect ``n`` samples of ``length`` tokens from ``sampler`` and judge them against p.
 
+    The verdict bounds the joint law of tokens 1–2 at ``settings.tolerance`` (``settings.joint_tolerance``
+    when set) and, for a speculative sampler, needs its drafting shown at a bounded position
+    (:attr:`AuditResult.verdict`).
+
     Parameters
     ----------
     pair : ModelPair
@@ -162,6 +223,11 @@ def audit(pair, sampler, n: int, length: int, path: str | Path, *, prompt: str =
     """
     if expected not in EXPECTED:
         raise ValueError(f"unknown expectation {expected!r}; valid: {', '.join(EXPECTED)}")
+    if length < 2:
+        raise ValueError("an audit bounds the joint law of tokens 1–2 (engines draft from token 2 on): "
+                         f"length must be >= 2, got {length}")
+    if settings.joint_tolerance is None:
+        settings = replace(settings, joint_tolerance=settings.tolerance)
     started = time.time()
     samples = collect(pair, sampler, prompt, n, length, seed, path, batch_size=batch_size, progress=progress)
     collected = time.time() - started
@@ -252,7 +318,7 @@ def add_audit_parser(sub) -> None:
     hf.add_argument("--schedule", default="constant", choices=list(SCHEDULES))
     hf.add_argument("--confidence-threshold", type=float, default=0.4,
                     help="HF's assistant_confidence_threshold (its default 0.4)")
-    _pair_and_common_args(hf, samples=3000, length=2)
+    _pair_and_common_args(hf, samples=3000, length=6)  # L = K + 2: every draft position, the bonus, the next block
     hf.set_defaults(func=cmd_audit)
 
     ep = kinds.add_parser("endpoint", help="an OpenAI-compatible /v1/completions server")
@@ -272,7 +338,16 @@ def add_audit_parser(sub) -> None:
     ep.add_argument("--timeout", type=float, default=30.0)
     ep.add_argument("--retries", type=int, default=5)
     ep.add_argument("--max-rate", type=float, default=200.0, help="requests per second at most")
-    _pair_and_common_args(ep, samples=3000, length=2)
+    ep.add_argument("--speculative", choices=["yes", "no", "unknown"], default="unknown",
+                    help="does the server speculate? 'no': a reference row (no drafting required); 'yes'/'unknown': "
+                         "equivalent only where its counters show drafting at a bounded position "
+                         "(set by --serve-bundled)")
+    ep.add_argument("--server-metrics", action="store_true",
+                    help="read the server's Prometheus /metrics (vLLM, llama-server) around each batch")
+    ep.add_argument("--drafting-rule", choices=["room", "uncapped"], default=None,
+                    help="how the server's counters attribute drafts to token 2: 'room' (llama-server: exact at "
+                         "L <= 3), 'uncapped' (vLLM: exact at L = 2); see specdec_lab.drafting")
+    _pair_and_common_args(ep, samples=3000, length=3)  # llama-server's counters attribute token 2 exactly at L <= 3
     ep.set_defaults(func=cmd_audit)
 
     from specdec_lab.adapters.vllm import METHODS as VLLM_METHODS
@@ -285,8 +360,13 @@ def add_audit_parser(sub) -> None:
     path.add_argument("--serve", dest="serve", action="store_true", help="vllm serve on loopback, via the endpoint adapter")
     vl.add_argument("--head", default=None, help="Medusa/EAGLE/EAGLE-3 head directory in vLLM's layout")
     vl.add_argument("--n-per-request", type=int, default=8, help="vLLM's n (completions per request)")
+    vl.add_argument("--job-size", type=int, default=2048,
+                    help="samples per LLM.generate call (smaller: fewer prompt tokens per step)")
+    vl.add_argument("--patch", default=None, choices=["vllm-cpu-expand"],
+                    help="opt-in fix of ours applied inside the worker (specdec_lab/patches; the installed vLLM files "
+                         "stay as they are): vllm-cpu-expand gives the CPU expand_batch_to_tokens a float path")
     vl.add_argument("--concurrency", type=int, default=4, help="requests in flight (--serve)")
-    _pair_and_common_args(vl, samples=20000, length=6)
+    _pair_and_common_args(vl, samples=3000, length=2)  # vLLM's counters attribute token 2 exactly at L = 2
     vl.set_defaults(func=cmd_audit, serve=False)
 
     from specdec_lab.adapters.llamacpp import DRAFT_TOKENS
@@ -311,10 +391,14 @@ def _pair_and_common_args(parser, samples: int, length: int) -> None:
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--scored-temperature", type=float, default=None,
                         help="score at this temperature instead (a negative control: must be rejected)")
-    parser.add_argument("--samples", type=int, default=samples)
+    parser.add_argument("--samples", type=int, default=None,
+                        help="samples (default: planned from the exact joint law of tokens 1-2 after the prompt, so a "
+                             "correct engine is equivalent with probability 0.999; a negative control: "
+                             f"{samples})")
     parser.add_argument("--length", type=int, default=length)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--prompt", default=DEFAULT_PROMPT)
+    parser.add_argument("--prompt", default=None,
+                        help=f"default {DEFAULT_PROMPT!r} ({LOOKUP_PROMPT!r} for prompt lookup)")
     parser.add_argument("--tolerance", type=float, default=0.02, help="ε of the equivalence verdict")
     parser.add_argument("--out", type=Path, default=None, help="sample file (default reports/audit/<name>.parquet)")
     parser.add_argument("--quiet", action="store_true")
@@ -329,7 +413,8 @@ def _sampler_from_args(args, sampling: SamplingConfig):
         from specdec_lab.adapters.vllm import VllmOfflineConfig
 
         return VllmOfflineConfig(method=args.method, sampling=sampling, k=args.k, draft=args.head,
-                                 n_per_request=args.n_per_request, progress=not args.quiet)
+                                 n_per_request=args.n_per_request, progress=not args.quiet, patch=args.patch,
+                                 job_size=args.job_size)
     if args.kind == "hf":
         return HFGenerateConfig(mode=args.mode, sampling=sampling, k=args.k, schedule=args.schedule,
                                 confidence_threshold=args.confidence_threshold, progress=not args.quiet)
@@ -337,8 +422,13 @@ def _sampler_from_args(args, sampling: SamplingConfig):
     neutral = LLAMA_SERVER_NEUTRAL if llama_server else LLAMA_CPP_NEUTRAL
     extra = dict(neutral) if (args.llama_cpp_neutral or args.serve_bundled) else {}
     extra.update(json.loads(args.extra))
+    speculative, rule = (None if args.speculative == "unknown" else args.speculative == "yes"), args.drafting_rule
+    if args.serve_bundled:  # the bundled aliases: which speculate, and where their drafts are counted
+        speculative = args.model in ("target-lookup", "target-draft")
+        rule = {"target-lookup": "lookup-calls", "target-draft": "room"}.get(args.model)
     return EndpointConfig(args.base_url, args.model, sampling, extra=tuple(sorted(extra.items())),
-                          server_metrics=llama_server,
+                          server_metrics=llama_server or args.server_metrics, speculative=speculative,
+                          drafting_rule=rule,
                           n_per_request=args.n_per_request, logprobs=None if args.logprobs < 0 else args.logprobs,
                           server=args.server_label, timeout=args.timeout, retries=args.retries,
                           max_rate=args.max_rate, progress=not args.quiet)
@@ -350,15 +440,23 @@ def cmd_audit(args) -> int:
     from specdec_lab.adapters import vllm as vllm_adapter
     from specdec_lab.models import pair_from_args
 
-    if args.kind == "vllm" and args.method != "none" and args.length < args.k + 2:
-        raise SystemExit(f"error: --length {args.length} < K + 2 = {args.k + 2}: vLLM samples the first token with the "
-                         "target alone, so a shorter window never sees a full verification step")
     if args.kind == "vllm" and args.temperature == 0:
         return _greedy_vllm(args)
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     scored_at = None if args.scored_temperature is None else \
         SamplingConfig(temperature=args.scored_temperature, top_k=args.top_k, top_p=args.top_p)
     expected = "lossless" if scored_at is None else "negative control"
+    lookup = getattr(args, "mode", None) == "prompt_lookup" or getattr(args, "model", None) == "target-lookup" \
+        or getattr(args, "method", None) == "ngram"
+    args.prompt = args.prompt if args.prompt is not None else (LOOKUP_PROMPT if lookup else DEFAULT_PROMPT)
+    pair = pair_from_args(args)
+    if args.samples is None:
+        if scored_at is not None:
+            args.samples = NEGATIVE_CONTROL_SAMPLES
+        else:
+            args.samples = plan_audit_samples(pair, args.prompt, sampling, args.tolerance, seed=args.seed)
+            print(f"planned m = {args.samples:,}: the joint bound on tokens 1-2 after {args.prompt!r} reaches "
+                  f"ε = {args.tolerance:g} with probability 0.999 for a correct engine", flush=True)
     with contextlib.ExitStack() as stack:
         if args.kind == "endpoint":
             if args.serve_bundled:
@@ -376,21 +474,24 @@ def cmd_audit(args) -> int:
             sampler = _sampler_from_args(args, sampling)
         out = args.out or Path("reports") / "audit" / f"{args.kind}-{time.strftime('%Y%m%d-%H%M%S')}.parquet"
         out.parent.mkdir(parents=True, exist_ok=True)
-        pair = pair_from_args(args)
         result = audit(pair, sampler, args.samples, args.length, out, prompt=args.prompt, seed=args.seed,
                        scored_at=scored_at, expected=expected, settings=SuiteSettings(tolerance=args.tolerance),
                        progress=not args.quiet)
         if args.kind == "vllm":
             vllm_adapter.close_workers()
     row = result.summary()
-    columns = ["implementation", "settings", "L", "m", "TV plug-in", "TV upper 99%", "Holm p", "tokens/pass",
-               "samples/s", "refused", "verdict"]
+    columns = ["implementation", "settings", "L", "m", "bounded positions", "TV upper 99%", "TV upper 99% (token 1)",
+               "drafted share", "acceptance", "Holm p", "tokens/pass", "samples/s", "refused", "verdict"]
     columns[-1:-1] = [c for c in ("speculative steps", "drafted/step", "accepted/step") if c in row]
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 70):
         print(result.tests()[["test", "statistic", "pvalue"]].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
         print()
         print(pd.DataFrame([row])[columns].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     print(f"\n{row['implementation']}: {row['in words']}\nsamples: {out}")
+    print(f"bounded: TV of tokens {row['bounded positions']} ≤ {row['TV upper 99%']:.4f} at 99% "
+          f"(token 1 alone, the plain-sampling control: ≤ {row['TV upper 99% (token 1)']:.4f}); drafted share "
+          f"{row['drafted share']}, acceptance there {row['acceptance'] or 'n/a'} ({result.drafting.source or '—'}); "
+          f"verdict: {row['verdict']}")
     return 0 if row["correct call"] else 1
 
 

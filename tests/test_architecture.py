@@ -18,9 +18,9 @@ PACKAGE = ROOT / "specdec_lab"
 # Lowest first: a module may import modules of its own layer or of a lower one, never of a higher one.
 # Keep in step with the table in docs/architecture.md (test_architecture_doc_lists_every_layer checks it).
 LAYERS = {
-    "foundations": ["specdec_lab", "sampling", "models", "theory", "stats.*", "plots", "serving"],
+    "foundations": ["specdec_lab", "sampling", "models", "theory", "stats.*", "plots", "serving", "drafting"],
     "samplers": ["samplers.*"],
-    "engines": ["adapters.*"],
+    "engines": ["adapters.*", "patches.*"],
     "collection": ["collect", "exact"],
     "statistics": ["suite", "report", "kernels.*", "testing"],
     "jobs": ["verify", "audit", "bench", "coverage_study", "training.*"],

@@ -84,7 +84,7 @@ def test_plain_sampling_not_rejected(server_url, pair, prompt, tmp_path):
     p = first_token_law(pair, prompt, SamplingConfig())
     keep, tail = stats.merge_tail(p, m)
     assert stats.power_chisquare(m, 0.08, int(keep.sum()) + int(tail.any()), ALPHA) >= 0.99
-    result = audit(pair, config(server_url), m, 2, tmp_path / "plain.parquet", seed=21, settings=SETTINGS,
+    result = audit(pair, config(server_url), m, 2, tmp_path / "plain.parquet", prompt="ROMEO:\n", seed=21, settings=SETTINGS,
                    progress=False)
     assert result.suite.verdict != "rejected", result.tests()
     assert result.summary()["refused"] == 0
@@ -103,10 +103,24 @@ def test_prompt_lookup_speculation_not_rejected(server_url, pair, tmp_path):
     assert "prompt-lookup" in result.name
 
 
+def test_prompt_lookup_drafts_token_two_per_its_draft_calls(server_url, pair, tmp_path):
+    """The default lookup prompt repeats its speaker tag, so llama-cpp-python's lookup drafts token 2 in every
+    sample and drafts on at least 80% of its steps (its own draft calls, logged by the server)."""
+    from specdec_lab.audit import LOOKUP_PROMPT as DEFAULT_LOOKUP
+
+    result = audit(pair, config(server_url, "target-lookup", speculative=True, drafting_rule="lookup-calls"), 300, 3,
+                   tmp_path / "lookup-calls.parquet", prompt=DEFAULT_LOOKUP, seed=23, settings=SETTINGS,
+                   progress=False)
+    stats_ = result.samples.meta["stats"]
+    assert result.drafting.position == 2 and result.drafting.share == 1.0, result.summary()["drafted share"]
+    assert stats_["draft_calls_drafting"] >= 0.8 * stats_["draft_calls"], stats_
+    assert result.suite.verdict != "rejected", result.tests()
+
+
 def test_llama_cpp_default_sampler_rejected(server_url, pair, prompt, tmp_path):
     """Negative control: llama.cpp's own defaults (top-k 40, min-p 0.05, repeat penalty 1.1) at T = 1."""
     m = 1000
-    result = audit(pair, config(server_url, extra=()), m, 2, tmp_path / "defaults.parquet", seed=23,
+    result = audit(pair, config(server_url, extra=()), m, 2, tmp_path / "defaults.parquet", prompt="ROMEO:\n", seed=23,
                    expected="negative control", settings=SETTINGS, progress=False)
     assert result.suite.verdict == "rejected" and result.summary()["correct call"]
 
@@ -123,7 +137,7 @@ def test_top_p_before_temperature_is_a_different_law(server_url, pair, prompt, t
     assert 0.5 * np.abs(ours - llama).sum() > 0.05
     assert (llama[ours == 0] > 0).any()  # llama.cpp can emit tokens our law excludes
     result = audit(pair, config(server_url, sampling=SamplingConfig(temperature=0.7, top_p=0.9)), m, 2,
-                   tmp_path / "order.parquet", seed=24, expected="negative control", settings=SETTINGS,
+                   tmp_path / "order.parquet", prompt="ROMEO:\n", seed=24, expected="negative control", settings=SETTINGS,
                    progress=False)
     assert result.suite.verdict == "rejected"
 
@@ -138,8 +152,8 @@ def test_cli_audit_endpoint(server_url, tmp_path, capsys):
 
 def test_resume_reloads_finished_file(server_url, pair, prompt, tmp_path):
     path = tmp_path / "resume.parquet"
-    first = audit(pair, config(server_url), 60, 2, path, seed=3, batch_size=25, progress=False)
-    again = audit(pair, config(server_url), 60, 2, path, seed=3, batch_size=25, progress=False)
+    first = audit(pair, config(server_url), 60, 2, path, prompt="ROMEO:\n", seed=3, batch_size=25, progress=False)
+    again = audit(pair, config(server_url), 60, 2, path, prompt="ROMEO:\n", seed=3, batch_size=25, progress=False)
     assert np.array_equal(first.samples.tokens(), again.samples.tokens())
 
 

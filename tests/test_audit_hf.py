@@ -42,7 +42,7 @@ def assisted(pair, tmp_path_factory):
     """HF assisted generation at T = 1, 3,000 samples of L = 2 (the first step drafts one token)."""
     path = tmp_path_factory.mktemp("hf") / "assisted.parquet"
     sampler = HFGenerateConfig(mode="assisted", progress=False)
-    return audit(pair, sampler, 3000, 2, path, seed=11, settings=SETTINGS, progress=False), path
+    return audit(pair, sampler, 3000, 2, path, prompt="ROMEO:\n", seed=11, settings=SETTINGS, progress=False), path
 
 
 class TestAssisted:
@@ -61,6 +61,16 @@ class TestAssisted:
         assert stats_["draft_passes"] > 0
         assert stats_["target_passes"] < stats_["emitted_tokens"]  # some drafts accepted: > 1 token per pass
 
+    def test_bounded_position_drafted_per_hf_candidates(self, assisted):
+        """HF's first step drafts from the prompt, so token 1 (inside the bounded tokens 1–2) is a verified
+        draft in every sample; at L = 2 token 2 never is (HF caps candidates at L − 1 − drafted so far)."""
+        result, _ = assisted
+        evidence, stats_ = result.drafting, result.samples.meta["stats"]
+        assert evidence.position == 1 and evidence.share == 1.0 and 0.3 < evidence.acceptance < 1.0
+        assert stats_["drafted@2"] <= stats_["drafted@1"] - stats_["accepted@1"]  # only after a rejection
+        row = result.summary()
+        assert row["bounded positions"] == "1–2 (joint)" and row["drafted share"] == "1.000 (token 1)"
+
     def test_metadata_records_version_and_mode(self, assisted):
         import transformers
 
@@ -78,7 +88,7 @@ def test_negative_control_mismatched_temperature_rejected(pair, prompt, tmp_path
     power = exact_power(first_token_law(pair, prompt, asked), first_token_law(pair, prompt, scored), m)
     assert power >= 0.99  # this alternative (exact first-token TV 0.116) cannot slip through by chance
     result = audit(pair, HFGenerateConfig(mode="assisted", sampling=asked, progress=False), m, 2,
-                   tmp_path / "neg.parquet", seed=12, scored_at=scored, expected="negative control",
+                   tmp_path / "neg.parquet", prompt="ROMEO:\n", seed=12, scored_at=scored, expected="negative control",
                    settings=SETTINGS, progress=False)
     assert result.suite.verdict == "rejected"
     assert result.summary()["correct call"]
@@ -98,6 +108,7 @@ def test_prompt_lookup_not_rejected(pair, tmp_path):
     row = table.iloc[0]
     assert row["verdict"] != "rejected", table.attrs["results"][0].tests()
     assert row["tokens/pass"] > 1.0  # candidates were proposed and some accepted
+    assert table.attrs["results"][0].drafting.share >= 0.5, row["drafted share"]  # HF's own candidate lengths
     assert row["implementation"].endswith("prompt_lookup K=4")
 
 
@@ -146,3 +157,4 @@ def test_cli_audit_hf(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert code in (0, 1)  # 30 samples cannot reach equivalence; the verdict is printed either way
     assert "HF transformers" in printed and "plain" in printed and out.exists()
+    assert "TV of tokens 1–2 (joint)" in printed and "no speculation" in printed

@@ -23,7 +23,7 @@ import torch
 from specdec_lab import stats
 from specdec_lab.adapters import llamacpp
 from specdec_lab.adapters.endpoint import LLAMA_SERVER_NEUTRAL, EndpointClient, EndpointConfig, server_counters
-from specdec_lab.audit import audit, second_token_bounds
+from specdec_lab.audit import DEFAULT_PROMPT, audit, second_token_bounds
 from specdec_lab.models import BUNDLED_DIR
 from specdec_lab.sampling import SamplingConfig
 from specdec_lab.suite import SuiteSettings
@@ -91,7 +91,7 @@ def test_draft_speculation_not_rejected_and_active(servers, pair, prompt, tmp_pa
     p = first_token_law(pair, prompt, SamplingConfig())
     keep, tail = stats.merge_tail(p, m)
     assert stats.power_chisquare(m, 0.12, int(keep.sum()) + int(tail.any()), ALPHA) >= 0.99
-    result = audit(pair, config(servers, "target-draft"), m, L, tmp_path / "draft.parquet", seed=31,
+    result = audit(pair, config(servers, "target-draft"), m, L, tmp_path / "draft.parquet", prompt="ROMEO:\n", seed=31,
                    settings=SETTINGS, progress=False)
     row = result.summary()
     assert result.suite.verdict != "rejected", result.tests()
@@ -104,8 +104,20 @@ def test_draft_speculation_not_rejected_and_active(servers, pair, prompt, tmp_pa
     assert bounds["m"].iloc[0] > 100 and bounds["TV upper 99%"].iloc[0] < 1
 
 
+def test_draft_server_drafts_token_two_per_its_counters(servers, pair, tmp_path):
+    """At L = 3 llama-server can draft only at token 2 (one token: it drafts at most (tokens still to emit) − 1),
+    so its verification steps are the samples whose token 2 was drafted: the engine verdict's drafted share."""
+    result = audit(pair, config(servers, "target-draft", speculative=True, drafting_rule="room"), 400, 3,
+                   tmp_path / "draft-l3.parquet", prompt=DEFAULT_PROMPT, seed=34, settings=SETTINGS, progress=False)
+    stats_ = result.samples.meta["stats"]
+    assert stats_["draft_tokens"] == stats_["verify_steps"] == stats_["drafted@2"]  # one draft token per step
+    assert result.drafting.position == 2 and result.drafting.share >= 0.95, result.summary()["drafted share"]
+    assert 0 < result.drafting.acceptance < 1
+    assert result.suite.verdict != "rejected", result.tests()
+
+
 def test_no_draft_reference_not_rejected(servers, pair, prompt, tmp_path):
-    result = audit(pair, config(servers, "target-nodraft"), 1000, L, tmp_path / "plain.parquet", seed=32,
+    result = audit(pair, config(servers, "target-nodraft"), 1000, L, tmp_path / "plain.parquet", prompt="ROMEO:\n", seed=32,
                    settings=SETTINGS, progress=False)
     assert result.suite.verdict != "rejected", result.tests()
     assert result.samples.meta["stats"]["verify_steps"] == 0
@@ -121,7 +133,7 @@ def test_negative_control_through_draft_server_rejected(servers, pair, prompt, t
     tv = 0.5 * np.abs(asked - scored).sum()
     assert tv > 0.05 and stats.power_chisquare(m, tv, bins, ALPHA) >= 0.99
     result = audit(pair, config(servers, "target-draft", sampling=SamplingConfig(temperature=0.7)), m, L,
-                   tmp_path / "control.parquet", seed=33, scored_at=SamplingConfig(), expected="negative control",
+                   tmp_path / "control.parquet", prompt="ROMEO:\n", seed=33, scored_at=SamplingConfig(), expected="negative control",
                    settings=SETTINGS, progress=False)
     assert result.suite.verdict == "rejected" and result.summary()["correct call"]
 

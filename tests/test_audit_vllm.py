@@ -99,7 +99,7 @@ def test_collision_test_catches_overlapping_seed_blocks(pair, prompt):
 
 def test_plain_row_not_rejected_and_samples_independent(pair, tmp_path):
     result = audit(pair, vllm_adapter.VllmOfflineConfig("none", progress=False), 3000, L,
-                   tmp_path / "none.parquet", seed=1, settings=SETTINGS, progress=False)
+                   tmp_path / "none.parquet", prompt="ROMEO:\n", seed=1, settings=SETTINGS, progress=False)
     assert result.suite.verdict != "rejected", result.summary()
     assert result.summary()["implementation"] == f"vLLM {vllm_adapter.VERSION} offline, none"
     collisions = result.suite.tests[COLLISIONS]  # the suite's collision test on the first two tokens
@@ -108,7 +108,7 @@ def test_plain_row_not_rejected_and_samples_independent(pair, tmp_path):
 
 def test_negative_control_through_the_same_path_is_rejected(pair, tmp_path):
     sampler = vllm_adapter.VllmOfflineConfig("none", SamplingConfig(temperature=0.7), progress=False)
-    result = audit(pair, sampler, 1500, L, tmp_path / "control.parquet", seed=2, scored_at=SamplingConfig(),
+    result = audit(pair, sampler, 1500, L, tmp_path / "control.parquet", prompt="ROMEO:\n", seed=2, scored_at=SamplingConfig(),
                    expected="negative control", settings=SETTINGS, progress=False)
     assert result.suite.verdict == "rejected", result.summary()
 
@@ -117,7 +117,7 @@ def test_serve_path_through_the_endpoint_adapter(pair, tmp_path):
     with vllm_adapter.served("none") as server:
         sampler = vllm_adapter.endpoint_config(server, SamplingConfig(), "none", n_per_request=8, concurrency=4,
                                                progress=False)
-        result = audit(pair, sampler, 800, L, tmp_path / "serve.parquet", seed=3, settings=SETTINGS,
+        result = audit(pair, sampler, 800, L, tmp_path / "serve.parquet", prompt="ROMEO:\n", seed=3, settings=SETTINGS,
                        progress=False)
     stats = result.samples.meta["stats"]
     assert stats["refused_samples"] == 0 and stats["missing_choices"] == 0, stats
@@ -216,3 +216,22 @@ def test_lattice_seeds_do_not_overlap():
     seeds = vllm_adapter.lattice_seeds(torch.Generator().manual_seed(0), 10_000, 8)
     blocks = {s + i for s in seeds for i in range(8)}
     assert len(blocks) == 80_000 and all(s % 8 == 0 for s in seeds)
+
+
+def test_drafted_token_two_bounded_and_fixed_by_our_patch(pair, tmp_path):
+    """Issue 30 through the real engine at L = 2: vLLM's counters show token 2 drafted in every sample; as shipped the
+    law of tokens 1–2 is rejected while the token-1 control (sampled without drafts) is not; with the opt-in
+    vllm-cpu-expand fix the same row is not rejected."""
+    from specdec_lab.audit import DEFAULT_PROMPT
+
+    results = {}
+    for patch in (None, "vllm-cpu-expand"):
+        sampler = vllm_adapter.VllmOfflineConfig("draft_model", progress=False, patch=patch)
+        results[patch] = audit(pair, sampler, 1500, 2, tmp_path / f"draft-{patch}.parquet", prompt=DEFAULT_PROMPT,
+                               seed=4, settings=SETTINGS, progress=False)
+    for result in results.values():
+        assert result.drafting.position == 2 and result.drafting.share == 1.0, result.summary()["drafted share"]
+    shipped, fixed = results[None], results["vllm-cpu-expand"]
+    assert shipped.verdict == "rejected" and "first token" not in " ".join(shipped.suite.rejected_by)
+    assert fixed.suite.verdict != "rejected", fixed.summary()
+    assert fixed.summary()["implementation"].endswith("+ our vllm-cpu-expand fix")

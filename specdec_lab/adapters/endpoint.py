@@ -28,7 +28,11 @@ before and after each batch and the differences of the counters vLLM and llama.c
 both export (``*:spec_decode_num_drafts_total`` = verification steps, ``..._draft_tokens_total``,
 ``..._accepted_tokens_total``; llama.cpp's ``n_decode_total`` = target passes and
 ``tokens_predicted_total`` = emitted tokens) go into the batch's stats, so the audit table can say how
-often the speculative path actually ran. The server must serve nothing else meanwhile.
+often the speculative path actually ran. The server must serve nothing else meanwhile. With a
+``drafting_rule`` (:data:`specdec_lab.drafting.COUNTER_RULES`) the counters are also turned into the
+samples whose token 2 was drafted (``drafted@2``, ``accepted@2``) where they attribute exactly; with
+``drafting_rule="lookup-calls"`` (llama-cpp-python's prompt lookup served by
+:mod:`specdec_lab.adapters.lookup_server`) the server's log of draft calls gives them per sample.
 
 Transport: stdlib ``urllib``, a timeout per request, retries with exponential backoff on
 connection errors, timeouts, HTTP 429 and 5xx, and at most ``max_rate`` requests per second.
@@ -49,6 +53,7 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
+from specdec_lab.drafting import COUNTER_RULES
 from specdec_lab.sampling import SamplingConfig
 from specdec_lab.samplers.naive import SampleResult, check_request
 
@@ -63,6 +68,7 @@ LLAMA_SERVER_NEUTRAL = (("top_k", 0), ("min_p", 0.0), ("typical_p", 1.0), ("repe
                         ("dry_multiplier", 0.0), ("xtc_probability", 0.0), ("top_n_sigma", -1.0))
 # Prometheus counters (name suffix -> stats key); vLLM and llama.cpp share the spec_decode_* names
 SERVER_COUNTERS = {"spec_decode_num_drafts_total": "verify_steps",
+                   'spec_decode_num_accepted_tokens_per_pos_total{position="0"}': "accepted_first",
                    "spec_decode_num_draft_tokens_total": "draft_tokens",
                    "spec_decode_num_accepted_tokens_total": "accepted_tokens",
                    "n_decode_total": "target_passes", "tokens_predicted_total": "emitted_tokens"}
@@ -114,6 +120,8 @@ class EndpointConfig:
     concurrency: int = 1
     min_tokens: bool = False
     progress: bool = True
+    speculative: bool | None = None  # does the server speculate? None: unknown (judged as speculative)
+    drafting_rule: str | None = None  # how its counters attribute drafts to token 2 (see the module docstring)
 
     def __post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):
@@ -124,11 +132,17 @@ class EndpointConfig:
             raise ValueError("need n_per_request >= 1, retries >= 0, timeout > 0 and max_rate > 0")
         if self.sampling.greedy:
             raise ValueError("temperature 0 is a deterministic law; audit a sampling temperature > 0")
+        from specdec_lab.drafting import COUNTER_RULES
+
+        if self.drafting_rule not in (None, "lookup-calls", *COUNTER_RULES):
+            raise ValueError(f"unknown drafting_rule {self.drafting_rule!r}; valid: lookup-calls, "
+                             f"{', '.join(COUNTER_RULES)}")
 
     def describe(self) -> dict:
         return {"sampler": "endpoint", "model": self.model, "server": self.server,
                 "n_per_request": self.n_per_request, "logprobs": self.logprobs,
-                "extra": {k: v for k, v in self.extra}, **self.sampling.describe()}
+                "extra": {k: v for k, v in self.extra}, "speculative": self.speculative,
+                "drafting_rule": self.drafting_rule, **self.sampling.describe()}
 
     def draw(self, pair, prompt, n, length, generator) -> SampleResult:
         return sample_endpoint(pair, prompt, n, length, self, generator)
@@ -255,6 +269,9 @@ def sample_endpoint(pair, prompt: torch.Tensor, n: int, length: int, config: End
     client, token_map = EndpointClient(config), TokenMap(pair.tokenizer, pair.vocab_size)
     rows, counts = [], {"requests": 0, "refused_samples": 0, "stopped_early": 0, "missing_choices": 0}
     before = server_counters(client.get_text("/metrics")) if config.server_metrics else {}
+    lookup = config.drafting_rule == "lookup-calls"
+    calls_before = len(client.get(LOOKUP_ROUTE)["calls"]) if lookup else 0
+    outcomes = []  # per request, in order: the sample's token 2, or None when refused (lookup-calls)
     bar = tqdm(total=n, desc=f"endpoint {config.model}", unit="samples", leave=False, disable=not config.progress)
     post = lambda seed: client.post("/v1/completions", config.request_body(text, length, seed))  # noqa: E731
     with ThreadPoolExecutor(config.concurrency) as pool:
@@ -271,15 +288,74 @@ def sample_endpoint(pair, prompt: torch.Tensor, n: int, length: int, config: End
                     if ids is None or len(ids) != length:
                         counts["refused_samples"] += 1
                         counts["stopped_early"] += int(stopped)
+                        outcomes.append(None)
                     elif len(rows) < n:
                         rows.append(ids)
+                        outcomes.append(ids)
                         bar.update(1)
+                    else:
+                        outcomes.append(None)
     bar.close()
     counts.update(requests=client.requests, retries=client.retried)
     if config.server_metrics:
         after = server_counters(client.get_text("/metrics"))
         counts.update({key: int(round(after[key] - before.get(key, 0.0))) for key in after})
+    if config.drafting_rule in COUNTER_RULES:
+        from specdec_lab.drafting import position_two_from_counters
+
+        counts.update(position_two_from_counters(counts, length, config.drafting_rule), sequences=len(outcomes))
+    if lookup:
+        calls = client.get(LOOKUP_ROUTE)["calls"][calls_before:]
+        counts.update(lookup_positions(calls, outcomes, len(prompt), length),
+                      draft_calls=len(calls), draft_calls_drafting=sum(1 for _, draft in calls if len(draft)))
     return SampleResult(torch.tensor(rows, dtype=torch.long), None, counts)
+
+
+LOOKUP_ROUTE = "/specdec-lab/draft-calls"  # served by specdec_lab.adapters.lookup_server
+
+
+def lookup_positions(calls: list, outcomes: list, prompt_length: int, length: int) -> dict:
+    """``drafted@t`` / ``accepted@t`` of llama-cpp-python's prompt lookup from its draft calls.
+
+    ``calls``: the server's draft calls in order, each ``[input length, draft token ids]``; one request is
+    served at a time, so a request's calls are consecutive and its first call has input length P + 1 (the
+    prompt and token 1: llama-cpp-python samples token 1 from the prompt's pass, then asks for a draft).
+    A call with input length P + j drafts positions j + 1, j + 2, …; its draft token for position t was
+    accepted when the sample's token t equals it (the point-mass rule keeps a draft token while the
+    target's own sample equals it). ``outcomes``: per request in the same order, the sample's token ids,
+    or None for a refused or surplus sample (not counted).
+
+    >>> lookup_positions([[4, [7, 8]], [6, []], [4, []], [5, [9]]], [[1, 7, 5], [2, 9, 9]], 3, 3)
+    {'drafted@1': 0, 'accepted@1': 0, 'drafted@2': 1, 'accepted@2': 1, 'drafted@3': 2, 'accepted@3': 1}
+    """
+    from specdec_lab.drafting import add_positions
+
+    requests, current = [], None
+    for input_length, draft in calls:
+        if input_length == prompt_length + 1:  # a new request's first call
+            current = []
+            requests.append(current)
+        if current is not None:
+            current.append((input_length, list(draft)))
+    if len(requests) != len(outcomes):
+        raise EndpointError(f"{len(requests)} requests in the server's draft-call log, {len(outcomes)} answered: "
+                            "the lookup server must serve only this audit, one request at a time")
+    positions = {f"{key}@{t}": 0 for t in range(1, length + 1) for key in ("drafted", "accepted")}
+    for request, ids in zip(requests, outcomes):
+        if ids is None:
+            continue
+        drafted, accepted = [0] * length, [0] * length
+        for input_length, draft in request:
+            first = input_length - prompt_length  # 0-based index of the first drafted position
+            for j, token in enumerate(draft):  # verified in order until the first mismatch; the rest discarded
+                if first + j >= length:
+                    break
+                drafted[first + j] = 1
+                accepted[first + j] = int(ids[first + j] == token)
+                if not accepted[first + j]:
+                    break
+        add_positions(positions, drafted, accepted)
+    return positions
 
 
 def distinct_seeds(generator: torch.Generator, count: int, high: int = SEED_RANGE, step: int = 1) -> list[int]:
@@ -303,9 +379,14 @@ def server_counters(text: str) -> dict:
         if line.startswith("#") or " " not in line:
             continue
         name, value = line.rsplit(" ", 1)
-        name = name.split("{", 1)[0]
+        base = name.split("{", 1)[0]
         for suffix, key in SERVER_COUNTERS.items():
-            if name.endswith(":" + suffix) or name == suffix:
+            if "{" in suffix:  # one label of a labelled counter (vLLM's acceptance per draft position)
+                counter, label = suffix.split("{", 1)
+                hit = base.endswith(":" + counter) and label.rstrip("}") in name
+            else:
+                hit = base.endswith(":" + suffix) or base == suffix
+            if hit:
                 found[key] = found.get(key, 0.0) + float(value)
     return found
 

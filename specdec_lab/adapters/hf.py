@@ -145,6 +145,46 @@ def assistant_settings(draft, config: HFGenerateConfig):
             setattr(generation_config, name, value)
 
 
+class StepRecorder(contextlib.AbstractContextManager):
+    """Records HF's speculative steps: wraps the candidate generator that ``generate`` builds, so each step's
+    (sequence length before it, candidates proposed, candidates accepted) is kept (HF's own ``candidate_length``
+    and ``n_matches``, read where ``_assisted_decoding`` hands them to the generator)."""
+
+    def __init__(self, model) -> None:
+        self.model, self.steps = model, []
+
+    def __enter__(self) -> "StepRecorder":
+        original = self.model._get_candidate_generator  # bound method of the model's class
+        steps = self.steps
+
+        def wrapped(*args, **kwargs):
+            generator = original(*args, **kwargs)
+            get_candidates, update = generator.get_candidates, generator.update_candidate_strategy
+            pending = {}
+
+            def candidates(input_ids, *a, **kw):
+                out = get_candidates(input_ids, *a, **kw)
+                pending.update(cur_len=input_ids.shape[1], proposed=out[0].shape[1] - input_ids.shape[1])
+                return out
+
+            def update_strategy(input_ids, scores, num_matches):
+                steps.append((pending["cur_len"], pending["proposed"], int(num_matches)))
+                return update(input_ids, scores, num_matches)
+
+            generator.get_candidates, generator.update_candidate_strategy = candidates, update_strategy
+            return generator
+
+        self.model._get_candidate_generator = wrapped  # an instance attribute shadows the class's method
+        return self
+
+    def take(self) -> list:
+        steps, self.steps[:] = list(self.steps), []
+        return steps
+
+    def __exit__(self, *exc) -> None:
+        del self.model._get_candidate_generator
+
+
 class PassCounter(contextlib.AbstractContextManager):
     """Counts forward calls of a module (one per target pass) through a forward hook."""
 
@@ -169,16 +209,22 @@ def sample_hf(pair, prompt: torch.Tensor, n: int, length: int, config: HFGenerat
 
     Returns tokens (n, L) and stats: target and draft forward passes and emitted tokens (so
     tokens per target pass = emitted_tokens / target_passes; the first pass of each call also
-    reads the prompt).
+    reads the prompt), and per position t the samples whose token t was a verified draft token
+    (``drafted@t``) and an accepted one (``accepted@t``), from HF's candidate lengths and matches per
+    step (:class:`StepRecorder`, :mod:`specdec_lab.drafting`).
     """
+    from specdec_lab.drafting import add_positions, positions_from_steps
+
     check_request(prompt, n, length)
     seeds = torch.randint(0, 2**62, (n,), generator=generator, device=generator.device).tolist()
     ids = prompt[None].to(pair.device)  # (1, P)
     kwargs = generate_kwargs(pair, config, length)
     tokens = torch.empty(n, length, dtype=torch.long)
     devices = [] if pair.device.type == "cpu" else [pair.device]
+    positions: dict = {}
     with assistant_settings(pair.draft, config) as reset_assistant, PassCounter(pair.target) as target, \
-            PassCounter(pair.draft) as draft, torch.random.fork_rng(devices=devices):
+            PassCounter(pair.draft) as draft, StepRecorder(pair.target) as recorder, \
+            torch.random.fork_rng(devices=devices):
         for i in tqdm(range(n), desc=f"HF {config.mode}", unit="samples", leave=False, disable=not config.progress):
             reset_assistant()  # the heuristic schedule writes its adapted K back after every call
             torch.manual_seed(seeds[i])  # HF samples from the global RNG: forced by its API
@@ -187,5 +233,6 @@ def sample_hf(pair, prompt: torch.Tensor, n: int, length: int, config: HFGenerat
             if new.numel() != length:
                 raise RuntimeError(f"HF generate returned {new.numel()} new tokens, asked for exactly {length}")
             tokens[i] = new.cpu()
+            add_positions(positions, *positions_from_steps(recorder.take(), ids.shape[1], length))
     return SampleResult(tokens, None, {"target_passes": target.count, "draft_passes": draft.count,
-                                       "emitted_tokens": n * length})
+                                       "emitted_tokens": n * length, **positions})

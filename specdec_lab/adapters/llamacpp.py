@@ -13,7 +13,8 @@ Used by the endpoint tests' fixture, by ``.ci/run`` and by ``specdec-lab audit e
    no prefix space, no normaliser), so the conversion wraps ``get_vocab_base_pre`` to answer
    ``"gpt-2"`` for exactly that configuration — and refuses any other. The tests check the
    result: llama.cpp's tokenization and greedy tokens equal ours.
-3. :func:`start_server` runs ``python -m llama_cpp.server`` with a config file serving two model
+3. :func:`start_server` runs ``python -m llama_cpp.server`` (through
+   :mod:`specdec_lab.adapters.lookup_server`, which adds a log of the prompt-lookup draft calls) with a config file serving two model
    aliases from the one GGUF: ``target`` (plain sampling) and ``target-lookup`` (llama-cpp-python's
    only speculative option, ``draft_model=prompt-lookup-decoding``, K tokens per pass), on a free
    loopback port, and waits until ``/v1/models`` answers.
@@ -266,7 +267,8 @@ def start_server(gguf: Path, workdir: Path, port: int | None = None, threads: in
     config.write_text(json.dumps(server_config(gguf, port, threads)))
     log = workdir / "llama-server.log"
     with open(log, "wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--config_file", str(config)],
+        # llama_cpp.server itself, with a log of the prompt-lookup draft calls (the drafted share's source)
+        process = subprocess.Popen([sys.executable, "-m", "specdec_lab.adapters.lookup_server", "--config_file", str(config)],
                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                    env={**os.environ, "OMP_NUM_THREADS": str(threads)})
     return _wait_until_up(LlamaServer(process, f"http://127.0.0.1:{port}", log), "/v1/models", startup_timeout)
@@ -409,24 +411,30 @@ class SpeculativeTool:
         from specdec_lab.adapters.endpoint import distinct_seeds
         from specdec_lab.samplers.naive import SampleResult, check_request
 
+        from specdec_lab.drafting import add_positions
+
         check_request(prompt, n, length)
         text = pair.decode(prompt.tolist())
         rows, counts = [], {"processes": 0, "refused_samples": 0, "stopped_early": 0, "reruns": 0}
+        counts.update({f"{key}@{t}": 0 for t in range(1, length + 1) for key in ("drafted", "accepted")})
         bar = tqdm(total=n, desc="llama-speculative", leave=False, disable=not self.progress)
         while len(rows) < n:
             for seed in distinct_seeds(generator, n - len(rows)):
-                ids = self._run(pair, text, len(prompt), length, seed, counts)
-                if ids is None:  # an end-of-text token before `length` tokens: refused, as the endpoint does
+                found = self._run(pair, text, len(prompt), length, seed, counts)
+                if found is None:  # an end-of-text token before `length` tokens: refused, as the endpoint does
                     counts["refused_samples"] += 1
                     counts["stopped_early"] += 1
                 else:
+                    ids, drafted, accepted = found
                     rows.append(ids[:length])
+                    add_positions(counts, drafted[:length], accepted[:length])
                     bar.update(1)
         bar.close()
         return SampleResult(torch.tensor(rows, dtype=torch.long), None, counts)
 
-    def _run(self, pair, text: str, prompt_tokens: int, length: int, seed: int, counts: dict) -> list[int] | None:
-        """One sample: the token ids of one process, checked against the text it printed.
+    def _run(self, pair, text: str, prompt_tokens: int, length: int, seed: int, counts: dict) -> tuple | None:
+        """One sample: the token ids of one process, checked against the text it printed, and per position
+        whether a draft token was verified there and accepted (:func:`spec_log_positions`).
 
         The tool's logger is asynchronous and loses the tail of its output now and then when the process
         exits; a run whose ids do not decode to its printed text, or that has fewer than ``length`` ids, is
@@ -445,13 +453,35 @@ class SpeculativeTool:
             if encoded is not None and int(encoded.group(1)) != prompt_tokens:
                 raise RuntimeError(f"llama-speculative read the prompt as {encoded.group(1)} tokens, the local "
                                    f"tokenizer as {prompt_tokens} (an added BOS token?)")
-            ids = [int(drafted or ended) for drafted, verdict, ended in _SPEC_TOKEN.findall(log)
-                   if verdict != "rejected"]
+            ids, drafted, accepted = spec_log_positions(_SPEC_TOKEN.findall(log))
             printed = done.stdout.strip("\n")
             if printed.startswith(text) and pair.decode(ids) == printed[len(text):] and len(ids) >= length:
-                return ids
+                return ids, drafted, accepted
             counts["reruns"] += 1
         return None
+
+
+def spec_log_positions(entries) -> tuple[list[int], list[int], list[int]]:
+    """Emitted ids and per-position drafted/accepted flags from ``llama-speculative``'s log entries
+    (``_SPEC_TOKEN`` matches, in order: ``(draft id, "accepted" | "rejected", "")`` or ``("", "", target id)``).
+
+    A position is drafted when a draft token was checked there: an accepted draft emits it; a rejected
+    one is followed by the verifier's own token for the same position (the residual sample). A target
+    token not preceded by a rejection is the first token or a bonus token: not drafted.
+
+    >>> spec_log_positions([("", "", "5"), ("7", "accepted", ""), ("8", "rejected", ""), ("", "", "9"), ("", "", "4")])
+    ([5, 7, 9, 4], [0, 1, 1, 0], [0, 1, 0, 0])
+    """
+    ids, drafted, accepted, rejected_here = [], [], [], False
+    for draft_id, verdict, target_id in entries:
+        if verdict == "rejected":
+            rejected_here = True
+            continue
+        ids.append(int(draft_id or target_id))
+        drafted.append(int(verdict == "accepted" or rejected_here))
+        accepted.append(int(verdict == "accepted"))
+        rejected_here = False
+    return ids, drafted, accepted
 
 
 @contextlib.contextmanager

@@ -200,6 +200,8 @@ class Worker:
         self.process.stdin.flush()
         reply = self._read(timeout)
         if "error" in reply:
+            if "tool" not in job:  # an engine that failed a job may be left broken (it can spin): never reuse it
+                self.close()
             raise VllmError(f"vLLM failed the job: {reply['error']}")
         return reply
 
@@ -288,19 +290,34 @@ class VllmOfflineConfig:
     draft: str | None = None
     n_per_request: int = 8
     progress: bool = True
+    patch: str | None = None  # an opt-in fix of ours applied in the worker (specdec_lab.patches.PATCHES), or None
+    # samples per LLM.generate call (vLLM 0.32's CPU engine can die with "CPU Generator does not use offset" when it
+    # discards a seeded request's sampled token, e.g. after a prefill split across steps: docs/audit-vllm.md)
+    job_size: int = 2048
 
     def __post_init__(self) -> None:
+        from specdec_lab.patches import PATCHES
+
         serving_config(self.method, self.k, draft=None if self.draft is None else Path(self.draft))
         if self.n_per_request < 1:
             raise ValueError(f"n_per_request must be >= 1, got {self.n_per_request!r}")
+        if self.patch is not None and self.patch not in PATCHES:
+            raise ValueError(f"unknown patch {self.patch!r}; valid: {', '.join(PATCHES)}")
 
     @property
     def engine(self) -> dict:
-        return engine_kwargs(self.method, self.k, None if self.draft is None else Path(self.draft))
+        engine = engine_kwargs(self.method, self.k, None if self.draft is None else Path(self.draft))
+        if self.patch is not None:
+            from specdec_lab.patches import PATCHES
+
+            engine["specdec_lab_patch"] = str(REPO / PATCHES[self.patch])
+        return engine
 
     def describe(self) -> dict:
         described = {"sampler": "vllm_offline", "vllm_version": VERSION, "method": self.method,
                      "n_per_request": self.n_per_request, **self.sampling.describe()}
+        if self.patch is not None:
+            described["patch"] = self.patch
         if self.method != "none":
             described["k"] = self.k
         if self.draft:
@@ -308,7 +325,7 @@ class VllmOfflineConfig:
         return described
 
     def draw(self, pair, prompt, n, length, generator) -> SampleResult:
-        return sample_offline(prompt, n, length, self, generator)
+        return sample_offline(prompt, n, length, self, generator, chunk=self.job_size)
 
 
 def job(prompt: torch.Tensor, seeds: list[int], n_per_request: int, length: int, sampling: SamplingConfig) -> dict:
@@ -337,6 +354,13 @@ def sample_offline(prompt: torch.Tensor, n: int, length: int, config: VllmOfflin
             totals[key] = totals.get(key, 0) + value
     bar.close()
     totals["emitted_tokens"] = n * length
+    if config.method != "none":  # vLLM's counters attribute drafts to token 2 exactly at L = 2 (specdec_lab.drafting)
+        from specdec_lab.drafting import position_two_from_counters
+
+        totals.update(position_two_from_counters({"verify_steps": totals.get("draft_steps", 0),
+                                                  "accepted_first": totals.get("accepted_first", 0)},
+                                                 length, "uncapped"))
+        totals["sequences"] = requests * config.n_per_request  # whole requests ran: the counters' denominator
     return SampleResult(torch.tensor(rows[:n], dtype=torch.long), None, totals)
 
 
@@ -438,7 +462,9 @@ def endpoint_config(server: VllmServer, sampling: SamplingConfig, method: str, k
     return EndpointConfig(server.base_url, "target", sampling, extra=(("ignore_eos", True),),
                           n_per_request=n_per_request, logprobs=1, server=server_label(method, k),
                           seed_high=SEED_HIGH, seed_step=n_per_request, concurrency=concurrency,
-                          min_tokens=True, timeout=120.0, max_rate=1000.0, progress=progress)
+                          min_tokens=True, timeout=120.0, max_rate=1000.0, progress=progress,
+                          speculative=method != "none", server_metrics=method != "none",
+                          drafting_rule="uncapped" if method != "none" else None)
 
 
 # ---------------------------------------------------------------- the finding, reproduced

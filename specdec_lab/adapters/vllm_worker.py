@@ -32,11 +32,15 @@ SPEC_COUNTERS = {"vllm:spec_decode_num_drafts": "draft_steps",
 
 
 def spec_counters(llm) -> dict:
-    """vLLM's own spec-decode counters (cumulative), by our names; zeros without speculation."""
-    totals = dict.fromkeys(SPEC_COUNTERS.values(), 0)
+    """vLLM's own spec-decode counters (cumulative), by our names; zeros without speculation.
+    ``accepted_first``: accepted draft tokens at the first draft position of a step (the per-position
+    counter ``vllm:spec_decode_num_accepted_tokens_per_pos``, position 0)."""
+    totals = dict.fromkeys([*SPEC_COUNTERS.values(), "accepted_first"], 0)
     for metric in llm.get_metrics():
         if metric.name in SPEC_COUNTERS and hasattr(metric, "value"):
             totals[SPEC_COUNTERS[metric.name]] += int(metric.value)
+        if metric.name == "vllm:spec_decode_num_accepted_tokens_per_pos" and getattr(metric, "values", None):
+            totals["accepted_first"] += int(metric.values[0])
     return totals
 
 
@@ -297,6 +301,14 @@ def start_engine(engine: dict, reply):
     folders included (``vllm/config/speculative.py``, "Automatically detect the method"). A row would
     then be labelled with a method vLLM did not run, so that is refused here, from vLLM's own resolved config."""
     try:
+        patch = engine.pop("specdec_lab_patch", None)
+        if patch is not None:  # an opt-in fix of ours (specdec_lab/patches), loaded by path: stdlib, torch, vLLM only
+            import importlib.util
+
+            spec = importlib.util.spec_from_file_location("specdec_lab_patch", patch)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            print(f"specdec-lab patch applied: {module.apply()}", file=sys.stderr)
         from vllm import LLM
         from vllm.engine.arg_utils import EngineArgs
 

@@ -53,7 +53,9 @@ def llama_server_audits(pair, n: int, length: int, out, seed: int = 13) -> pd.Da
 
     def endpoint(server, model: str, sampling: SamplingConfig) -> EndpointConfig:
         return EndpointConfig(server.base_url, model, sampling, server=llamacpp.server_label(model),
-                              extra=LLAMA_SERVER_NEUTRAL, server_metrics=True, progress=False)
+                              extra=LLAMA_SERVER_NEUTRAL, server_metrics=True, progress=False,
+                              speculative=model == "target-draft",
+                              drafting_rule="room" if model == "target-draft" else None)
 
     with contextlib.ExitStack() as stack:
         plain, draft = (stack.enter_context(llamacpp.bundled_server(model=m)) for m in ("target-nodraft", "target-draft"))

@@ -1,8 +1,11 @@
-"""Negative controls: speculative samplers with one realistic bug each (see shared ANCHORS).
+"""Negative controls: speculative samplers with one realistic bug each.
 
 Each entry is a :class:`~specdec_lab.samplers.rules.Verifier` that differs from
-:data:`~specdec_lab.samplers.rules.LEVIATHAN` in exactly one piece, and records the shipped bug it
-reproduces. ``needs`` names the settings under which the bug changes the output law (a
+:data:`~specdec_lab.samplers.rules.LEVIATHAN` in exactly one piece, and records its source in
+``anchor``: the engine and the issue or pull request where the bug shipped (three of the nine: HF
+transformers issue #47932; HF PR #30778, reported as #32867 and reverted by PR #33534; vLLM issue
+#9834, fixed by PR #10198 — each checked against the public tracker), or "common re-implementation
+error" for the rest. ``needs`` names the settings under which the bug changes the output law (a
 temperature bug is invisible at temperature 1; ``k`` is the number of draft tokens, the rest are
 :class:`~specdec_lab.sampling.SamplingConfig` fields). A harness that passes any of these is broken.
 
@@ -62,33 +65,37 @@ def _target_unfiltered(logits: torch.Tensor, config: SamplingConfig) -> Law:
 FAULTY = {v.name: v for v in (
     replace(LEVIATHAN, name="always_accept", lossless=False, accept_prob=_accept_always,
             description="every draft token accepted (output law is q, not p)",
-            anchor="acceptance test skipped or short-circuited"),
+            anchor="common re-implementation error (the acceptance test skipped or short-circuited)"),
     replace(LEVIATHAN, name="residual_from_p", lossless=False, residual=_residual_p,
             description="after a rejection, resample from p instead of norm((p - q)+)",
-            anchor="common re-implementation error; double-counts tokens where p > q"),
+            anchor="common re-implementation error (double-counts tokens where p > q)"),
     replace(LEVIATHAN, name="residual_from_q", lossless=False, residual=_residual_q,
             description="after a rejection, resample from q",
-            anchor="draft-side resampling"),
+            anchor="common re-implementation error (resampling on the draft side)"),
     replace(LEVIATHAN, name="q_untempered", lossless=False, draft_law=_draft_q_untempered,
             description="draft sampled at temperature T, ratio uses its temperature-1 q",
-            anchor="vLLM #9834 / #10198 class: the two sides filtered differently",
+            anchor="common re-implementation error; the mirror image of vLLM issue #9834 (fixed by PR #10198), where "
+                   "the two sides were also filtered differently",
             needs={"temperature": 0.7}),
     replace(LEVIATHAN, name="q_topk_unnormalised", lossless=False, draft_law=_draft_q_topk_unnormalised,
             description="draft sampled from top-k, ratio uses q without renormalisation (ratio x 1/Z)",
-            anchor="HF transformers #47932", needs={"top_k": 20}),
+            anchor="HF transformers issue #47932 (candidate generators returned a q they did not sample from: "
+                   "the ratio inflated by 1/Z)", needs={"top_k": 20}),
     replace(LEVIATHAN, name="argmax_draft_softmax_q", lossless=False, draft_law=_draft_argmax_softmax_q,
             description="draft token is argmax q, yet its softmax q enters the ratio",
-            anchor="HF transformers #30778 regression"),
+            anchor="HF transformers PR #30778 (assistant forced greedy), reported as issue #32867, "
+                   "reverted by PR #33534"),
     replace(LEVIATHAN, name="bonus_wrong_position", lossless=False, bonus_offset=-1,
             description="after K accepts the bonus token is drawn from p at position K, not K+1",
-            anchor="off-by-one logits slice (TensorRT-LLM #15098 class)",
+            anchor="common re-implementation error (an off-by-one logits slice)",
             needs={"k": 1}),  # the bonus is token K+1: K = 1 puts it inside a window of 2 tokens
     replace(LEVIATHAN, name="swapped_ratio", lossless=False, accept_prob=_accept_swapped,
             description="acceptance with min(1, q/p): target and draft letters swapped",
-            anchor="notation drift between files"),
+            anchor="common re-implementation error (target and draft letters swapped between files)"),
     replace(LEVIATHAN, name="target_unfiltered", lossless=False, target_law=_target_unfiltered,
             description="target probabilities at default temperature while the draft is tempered",
-            anchor="vLLM #9834", needs={"temperature": 0.7}),
+            anchor="vLLM issue #9834, fixed by PR #10198 (target probabilities at default sampling "
+                   "parameters while the draft was filtered)", needs={"temperature": 0.7}),
 )}
 
 
