@@ -290,7 +290,7 @@ def _verdict(global_p: float, bound: stats.TVBound, joint: stats.TVBound | None,
 
 def _impossible(name, N, count, settings, L) -> SuiteResult:
     never = stats.ZResult(float(count), 0.0, N)
-    bound = stats.TVBound(1.0, settings.confidence, float("inf"), 0.0, 1.0, N)
+    bound = stats.TVBound(1.0, settings.confidence, N, 1.0, 1.0, "holder", 1.0, float("inf"), 0.0, 1.0, 0.0)  # TV <= 1, trivially
     return SuiteResult(name, N, {"impossible tokens": never}, float("nan"), bound, float("nan"), 0.0,
                        "rejected", f"emitted {count} token(s) the target law gives probability 0", count,
                        bound if L >= 2 else None, float("nan"), L, ("impossible tokens",))

@@ -100,10 +100,14 @@ def vllm_audits(pair, n: int, length: int, seed: int = 11) -> pd.DataFrame:
     from specdec_lab.audit import AuditCase, run_audits
     from specdec_lab.sampling import SamplingConfig
 
-    cases = [AuditCase(vllm.VllmOfflineConfig("none", progress=False)),
-             AuditCase(vllm.VllmOfflineConfig("draft_model", k=4, progress=False)),
+    # At "ROMEO:\n", where this table was validated: at the audits' new default "HAMLET." (token 1 is "\n" with
+    # p = 0.995) the no-speculation row was rejected by the collision test alone (p = 0.0036, L = 6, ci scale),
+    # not yet traced (docs/audit-vllm.md, open question)
+    prompt = "ROMEO:\n"
+    cases = [AuditCase(vllm.VllmOfflineConfig("none", progress=False), prompt=prompt),
+             AuditCase(vllm.VllmOfflineConfig("draft_model", k=4, progress=False), prompt=prompt),
              AuditCase(vllm.VllmOfflineConfig("none", SamplingConfig(temperature=0.7), progress=False),
-                       scored_at=SamplingConfig(), expected="negative control")]
+                       scored_at=SamplingConfig(), expected="negative control", prompt=prompt)]
     return run_audits(pair, cases, n, length, work_dir(), seed=seed, progress=False)
 
 
