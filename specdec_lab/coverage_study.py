@@ -74,9 +74,8 @@ def _case(job: dict) -> dict:
     rng = np.random.default_rng(job["seed"])
     p, m = job["p"], job["m"]
     plan = stats.BoundPlan(p, m)
-    h0 = stats.expected_tv_bound(p, m, routes=("combined",))["combined"]
-    q = ALTERNATIVES[job["alternative"]](p, job["multiple"] * h0, plan.chosen_floor, rng)
-    result = coverage_case(p, q, m, job["reps"], rng,
+    q = ALTERNATIVES[job["alternative"]](p, job["multiple"] * plan.expected_upper(), plan.chosen_floor, rng)
+    result = coverage_case(p, q, m, job["reps"], rng, plan=plan,
                            baseline=(lambda c, p_: baseline.tv_upper_bound(c, p_).upper) if baseline else None,
                            baseline_reps=job["baseline_reps"])
     return {"law": job["law"], "alternative": job["alternative"], "TV / H0 bound": job["multiple"], **result}

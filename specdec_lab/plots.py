@@ -220,16 +220,22 @@ def pit(pits: dict[str, np.ndarray], bins: int = 20, verdicts: dict[str, str] | 
     ax0 = axes.flat[0]
     ax0.set_ylim(0, ymax)
     ax0.set_xlim(0, 1)
-    for ax in list(axes.flat)[len(pits):]:
-        ax.set_visible(False)
     for col in range(cols):  # the lowest panel shown in each column carries the u axis
         shown = [axes[row, col] for row in range(rows) if row * cols + col < len(pits)]
         shown[-1].xaxis.set_tick_params(labelbottom=True)
         shown[-1].set_xlabel("u")
+    return _finish_grid(fig, axes, len(pits), "density",
+                        _wrap("Randomized PIT under the exact target law. Lossless ⇒ flat (dashed line); flat does "
+                              "not imply lossless: some faults keep every token's PIT uniform", 3.4 * cols, 11), 11)
+
+
+def _finish_grid(fig: Figure, axes, used: int, ylabel: str, title: str, fontsize: int) -> Figure:
+    """Hide the grid's unused panels, label the first column, title the figure."""
+    for ax in list(axes.flat)[used:]:
+        ax.set_visible(False)
     for ax in axes[:, 0]:
-        ax.set_ylabel("density")
-    fig.suptitle(_wrap("Randomized PIT under the exact target law. Lossless ⇒ flat (dashed line); flat does not "
-                       "imply lossless: some faults keep every token's PIT uniform", 3.4 * cols, 11), fontsize=11)
+        ax.set_ylabel(ylabel)
+    fig.suptitle(title, fontsize=fontsize)
     fig.tight_layout()
     return fig
 
@@ -345,14 +351,9 @@ def bug_anatomy(parts: list[dict], top: int = 12, tokens=None, cols: int = 3) ->
             ax.set_xticks([])
         ax.set_title(_wrap(f"{part['name']}: exact TV {part['tv']:.3f}", 4.1, 10), fontsize=10)
         ax.legend(fontsize=7.5, loc="upper right")
-    for ax in list(axes.flat)[len(parts):]:
-        ax.set_visible(False)
-    for ax in axes[:, 0]:
-        ax.set_ylabel("probability")
-    fig.suptitle(_wrap("Anatomy of each negative control: where its one step puts the mass (bars) against where p "
-                       "puts it (ticks)", 4.3 * cols, 12), fontsize=12)
-    fig.tight_layout()
-    return fig
+    return _finish_grid(fig, axes, len(parts), "probability",
+                        _wrap("Anatomy of each negative control: where its one step puts the mass (bars) against "
+                              "where p puts it (ticks)", 4.3 * cols, 12), 12)
 
 
 def agreement_by_position(agreement: np.ndarray, independent_first: float) -> Figure:

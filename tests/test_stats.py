@@ -228,9 +228,9 @@ class TestTVUpperBound:
         p = real_law if law == "real" else zipf(512)
         rng = np.random.default_rng(hash((law, alternative, m)) % 2**32)
         plan = stats.BoundPlan(p, m)
-        tv = stats.expected_tv_bound(p, m, routes=("combined",))["combined"]  # at the edge of detection
+        tv = plan.expected_upper()  # at the edge of detection
         q = coverage.ALTERNATIVES[alternative](p, tv, plan.chosen_floor, rng)
-        result = coverage.coverage_case(p, q, m, 1_000, rng)
+        result = coverage.coverage_case(p, q, m, 1_000, rng, plan=plan)
         assert not too_many_misses(result["misses"], result["replicates"]), result
 
     @pytest.mark.parametrize("route", ["holder", "mcdiarmid"])

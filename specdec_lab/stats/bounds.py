@@ -223,6 +223,14 @@ class BoundPlan:
         bound = (test.upper(0.0) if test else 0.0) + self._tail_part(p_tail, int(round(self.m * p_tail)))[0]
         return bound, test
 
+    def expected_upper(self) -> float:
+        """The bound when the sampler is exactly p: W at its H0 value 0, the tail count and the plug-in at
+        their means (this plan's route and shares)."""
+        holder = self._holder_under_h0(self.chosen_floor)[0] if self.route != "mcdiarmid" else np.inf
+        mcd = (expected_tv_plugin(self.p, self.m) + mcdiarmid_margin(self.m, self.shares["mcdiarmid"])
+               if self.route != "holder" else np.inf)
+        return float(min(holder, mcd))
+
     def _tail_part(self, p_tail: float, tail_n: int) -> tuple[float, float]:
         """(½ (p(T) + q(T) upper), q(T) upper)."""
         if p_tail <= 0 and tail_n == 0:
@@ -343,10 +351,4 @@ def expected_tv_bound(p, m: int, confidence: float = 0.99, routes=TV_ROUTES) -> 
     True
     """
     p = np.asarray(p, dtype=np.float64)
-    out = {}
-    for route in routes:
-        plan = BoundPlan(p, int(m), confidence, route)
-        mcd = expected_tv_plugin(p, m) + mcdiarmid_margin(m, plan.shares["mcdiarmid"]) if route != "holder" else np.inf
-        holder = plan._holder_under_h0(plan.chosen_floor)[0] if route != "mcdiarmid" else np.inf
-        out[route] = float(min(holder, mcd))
-    return out
+    return {route: BoundPlan(p, int(m), confidence, route).expected_upper() for route in routes}

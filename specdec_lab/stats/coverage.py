@@ -121,7 +121,8 @@ def tv(q: np.ndarray, p: np.ndarray) -> float:
 
 
 def coverage_case(p: np.ndarray, q: np.ndarray, m: int, reps: int, rng: np.random.Generator, *,
-                  confidence: float = 0.99, baseline=None, baseline_reps: int = 0) -> dict:
+                  confidence: float = 0.99, baseline=None, baseline_reps: int = 0,
+                  plan: BoundPlan | None = None) -> dict:
     """Draw ``reps`` sample sets of m from q; bound each against p. Returns the true TV, the miss
     count and rate, the median bound, the binding route's shares and (with ``baseline``, a function
     counts, p -> bound) the baseline's median bound on the first ``baseline_reps`` sample sets."""
