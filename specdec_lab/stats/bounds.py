@@ -1,6 +1,8 @@
 """Equivalence: plug-in estimates of TV and KL, and the certified upper confidence bound on TV(q, p).
 
 A "pass" is never "not rejected": it is an upper confidence bound on TV(q, p) below a tolerance.
+In ``specdec_lab.stats`` q is the law the counts were drawn from (these are generic two-law tools); in
+the reports, docs and notebooks that law is the sampler's, written *out*, and q is the draft's.
 This module holds that bound (:func:`tv_upper_bound`) and what the planners need to know about it
 under H0 (:func:`expected_tv_bound`, :class:`BoundPlan`).
 """
