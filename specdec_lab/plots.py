@@ -191,7 +191,7 @@ def observed_vs_expected(counts: np.ndarray, p: np.ndarray, top: int = 30, token
 
 
 def pit(pits: dict[str, np.ndarray], bins: int = 20, verdicts: dict[str, str] | None = None,
-        ymax: float | None = None) -> Figure:
+        ymax: float | None = None, selection: str | None = None) -> Figure:
     """Randomized PIT histograms of every sampled token under the exact target law, one panel per sampler.
 
     A lossless sampler's histogram is flat (density 1, dashed); a bent one shows a wrong law. The converse
@@ -199,6 +199,7 @@ def pit(pits: dict[str, np.ndarray], bins: int = 20, verdicts: dict[str, str] | 
     and overlapping random streams, whose every token has the right law, do), which is why the verdict rests on the whole battery, not this picture.
     Every panel shares one y range, 0..``ymax`` (default: the tallest bin, kept between 1.5 and 2.5), so no tall
     panel flattens the others; a bin above it is cut and its height written in the panel. ``verdicts`` (sampler → verdict) colours each panel's title.
+    ``selection`` says, in the title, which samplers are shown when they are not all of a run's.
     """
     cols = min(3, len(pits))
     rows = -(-len(pits) // cols)
@@ -226,7 +227,8 @@ def pit(pits: dict[str, np.ndarray], bins: int = 20, verdicts: dict[str, str] | 
         shown[-1].set_xlabel("u")
     return _finish_grid(fig, axes, len(pits), "density",
                         _wrap("Randomized PIT under the exact target law. Lossless ⇒ flat (dashed line); flat does "
-                              "not imply lossless: some faults keep every token's PIT uniform", 3.4 * cols, 11), 11)
+                              "not imply lossless: some faults keep every token's PIT uniform"
+                              + (f". Shown: {selection}" if selection else ""), 3.4 * cols, 11), 11)
 
 
 def _finish_grid(fig: Figure, axes, used: int, ylabel: str, title: str, fontsize: int) -> Figure:

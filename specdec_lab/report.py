@@ -72,9 +72,10 @@ def plot_first_token(laws: dict[str, np.ndarray], exact: np.ndarray, path: Path,
     plots.save(plots.first_token(laws, exact, top, tokens=tokens, samples=samples), path)
 
 
-def plot_pit(pits: dict[str, np.ndarray], path: Path, bins: int = 20, verdicts: dict[str, str] | None = None) -> None:
+def plot_pit(pits: dict[str, np.ndarray], path: Path, bins: int = 20, verdicts: dict[str, str] | None = None,
+             selection: str | None = None) -> None:
     """Randomized PIT histograms, panel titles coloured by verdict (flat is necessary, not sufficient)."""
-    plots.save(plots.pit(pits, bins, verdicts=verdicts), path, dpi=100)
+    plots.save(plots.pit(pits, bins, verdicts=verdicts, selection=selection), path, dpi=100)
 
 
 def plot_speedup(table: pd.DataFrame, path: Path | str | None = None, title: str = ""):

@@ -386,8 +386,11 @@ def run_verify(pair, options: VerifyOptions) -> dict:
     # figures: naive and the first speculative run beside the negative controls
     first_laws = {row.name: result["first_counts"] for row, result in ordered
                   if row.index < 2 or row.name in ("faulty: residual_from_p", "faulty: always_accept")}
+    controls = sum(not row.lossless for row in rows)
     pits = {row.name: result["pit"] for row, result in ordered if row.index < 2 or not row.lossless}
     pits = dict(list(pits.items())[:10])
+    pit_selection = (f"the first two rows and the first {len(pits) - 2} of {controls} negative controls "
+                     "(every row's PIT tests are in report.md)")
     summary = report.summary_table(entries)
     table = report.verdict_table(entries)
     report.plot_tv_bounds(summary, scale.tolerance, folder / "tv_bounds.png")
@@ -395,7 +398,7 @@ def run_verify(pair, options: VerifyOptions) -> dict:
     report.plot_first_token(first_laws, ordered[0][1]["first_law"], folder / "first_token.png",
                             tokens=plots.token_strings(pair), samples={row.name: row.n for row, _ in ordered
                                                                        if row.name in first_laws})
-    report.plot_pit(pits, folder / "pit.png", verdicts=verdicts)
+    report.plot_pit(pits, folder / "pit.png", verdicts=verdicts, selection=pit_selection)
     passed = bool(summary["correct call"].all())
     seconds = time.time() - began
     _write_markdown(folder, summary, table, options, scale, pair, passed, seconds)

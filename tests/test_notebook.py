@@ -142,6 +142,8 @@ def test_report_figures_read_the_verdict(tmp_path):
     fig = plots.pit({"flat": np.linspace(0, 1, 200), "spike": np.full(200, 0.5)})
     assert "flat = lossless" not in fig._suptitle.get_text() and "does not" in fig._suptitle.get_text()
     assert fig.axes[0].get_ylim()[1] <= 2.5 and "cut" in fig.axes[1].texts[0].get_text()
+    fig = plots.pit({"flat": np.linspace(0, 1, 200)}, selection="the first row of two")
+    assert "Shown: the first row of two" in " ".join(fig._suptitle.get_text().split())
 
 
 class TestWorkedExample:
