@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 CORE_STAMP := $(VENV)/.core-installed
 STAMP := $(VENV)/.installed
 
-.PHONY: verify test bench coverage train train-medusa train-eagle train-eagle3 clean-venv notebooks notebooks-render lab browser llama-cpp vllm
+.PHONY: verify test bench coverage train train-medusa train-eagle train-eagle3 clean-venv notebooks notebooks-render lab browser llama-cpp vllm openvino
 
 $(CORE_STAMP): requirements-core.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -63,6 +63,18 @@ $(VLLM_STAMP): requirements-vllm.txt
 	touch $(VLLM_STAMP)
 
 vllm: $(VLLM_STAMP)
+
+# OpenVINO GenAI in its own environment (optimum-intel, its IR exporter, pins an older transformers): a complete lock
+# installed without dependency resolution (see requirements-openvino.txt). ≈ 1.6 GB once; re-running is a no-op.
+OPENVINO_VENV := .venv-openvino
+OPENVINO_STAMP := $(OPENVINO_VENV)/.installed
+$(OPENVINO_STAMP): requirements-openvino.txt
+	test -x $(OPENVINO_VENV)/bin/python || $(PYTHON) -m venv $(OPENVINO_VENV)
+	$(OPENVINO_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(OPENVINO_VENV)/bin/python -m pip install --quiet --no-deps -r requirements-openvino.txt
+	touch $(OPENVINO_STAMP)
+
+openvino: $(OPENVINO_STAMP)
 
 # The interpreter of vLLM's environment for every target that may run it (tests, notebook 07, the browser test):
 # $SPECDEC_LAB_VLLM_PYTHON if set, else $(VLLM_VENV) when built, else the per-machine cache .ci/run builds
