@@ -177,16 +177,17 @@ class AuditResult:
 
 
 def engine_errors(stats: dict) -> dict:
-    """Requests the engine raised on (each run again with the same seed: OpenVINO GenAI's worker), with its first
-    message; empty for an engine that does not count them.
+    """Requests the engine raised on (each run again with the same seed: OpenVINO GenAI's worker) and its messages
+    (stats keys ``engine error: <message>``); empty for an engine that does not count them.
 
-    >>> engine_errors({"engine_errors": 2, "first_error": "Check failed", "first_error_seed": 7})
-    {'engine errors': 2, 'first engine error': 'Check failed (seed 7)'}
+    >>> engine_errors({"engine_errors": 2, "engine error: Check failed": 2})
+    {'engine errors': 2, 'engine messages': 'Check failed (2)'}
     """
     if "engine_errors" not in stats:
         return {}
-    first = f"{stats['first_error']} (seed {stats.get('first_error_seed')})" if stats.get("first_error") else ""
-    return {"engine errors": int(stats["engine_errors"]), "first engine error": first}
+    messages = [f"{key.split(': ', 1)[1]} ({int(count)})" for key, count in stats.items()
+                if key.startswith("engine error: ")]
+    return {"engine errors": int(stats["engine_errors"]), "engine messages": "; ".join(messages)}
 
 
 def samples_per_second(m: int, stats: dict, collect_seconds: float) -> float:
@@ -527,7 +528,7 @@ def cmd_audit(args) -> int:
     columns = ["implementation", "settings", "L", "m", "bounded positions", "TV upper 99%", "TV upper 99% (token 1)",
                "drafted share", "acceptance", "Holm p", "tokens/pass", "samples/s", "refused", "verdict"]
     columns[-1:-1] = [c for c in ("speculative steps", "drafted/step", "accepted/step", "engine errors",
-                                  "first engine error") if c in row]
+                                  "engine messages") if c in row]
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 70):
         print(result.tests()[["test", "statistic", "pvalue"]].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
         print()

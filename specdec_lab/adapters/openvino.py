@@ -58,6 +58,7 @@ METHODS = {
     "draft_model": "the bundled draft model (num_assistant_tokens = k)",
     "prompt_lookup": "prompt lookup: n-gram matches in the context (max_ngram_size 3), no model",
 }
+ERROR_PREFIX = "engine error: "  # stats key of the count of one engine message
 ATTRIBUTED_LENGTH = 3  # the window where the counters attribute drafts to token 2 exactly (module docstring)
 
 
@@ -262,7 +263,7 @@ def sample(prompt: torch.Tensor, n: int, length: int, config: OpenvinoConfig,
     """Draw ``n`` continuations of exactly ``length`` tokens (jobs of ≤ ``config.job_size`` requests).
 
     Stats: ``engine_seconds``, ``engine_errors`` (requests the engine raised on; each was run again once with the
-    same seed), ``first_error`` (the engine's message), the speculative counters summed (``draft_generated``,
+    same seed), ``engine error: <the engine's message>`` (the count per message), the speculative counters summed (``draft_generated``,
     ``accepted_tokens``, ``target_passes``: main-model steps) and, at L = 3 on the ``llm`` pipeline, ``drafted@2`` /
     ``accepted@2`` (:func:`positions_from_counters`).
     """
@@ -279,9 +280,8 @@ def sample(prompt: torch.Tensor, n: int, length: int, config: OpenvinoConfig,
         rows += reply["tokens"]
         totals["engine_seconds"] += reply["engine_seconds"]
         totals["engine_errors"] += len(reply["errors"])
-        if reply["errors"] and "first_error" not in totals:
-            totals["first_error"] = reply["errors"][0]["message"]
-            totals["first_error_seed"] = reply["errors"][0]["seed"]
+        for error in reply["errors"]:  # counts per message (stats hold numbers only: collect sums them)
+            add_counts(totals, {f"{ERROR_PREFIX}{error['message']}": 1})
         for counters in reply["counters"]:
             if counters:
                 add_counts(totals, {"draft_generated": counters["draft_generated"],
