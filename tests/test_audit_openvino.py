@@ -7,7 +7,9 @@ missing environment fails the module, so CI runs the engine for real.
 
 What is checked, each against the real engine:
 - the bundled pair exported to OpenVINO IR by the environment's own optimum-cli is our target: OpenVINO's greedy
-  tokens equal our target's argmax decode, token for token, over several prompts;
+  tokens (fp32 inference and KV cache, as the adapter runs it) equal our target's argmax decode, token for token,
+  over 12 prompts × 32 tokens (with OpenVINO's CPU defaults, bf16 inference and a u8 KV cache, one of them
+  differs at a near tie);
 - speculative greedy (draft model, prompt lookup) equals OpenVINO's own plain greedy, token for token;
 - the plain row (no speculation, T = 1) is not rejected and a planted wrong law through the same adapter
   (asked for T = 0.7, scored at T = 1) is rejected;
@@ -47,8 +49,9 @@ def stop_workers():
 
 
 def test_exported_ir_is_our_target(pair):
-    prompts = [DEFAULT_PROMPT, "ROMEO:\n", "To be, or not to be", LOOKUP_PROMPT, "KING.\nWhat", "First Citizen"]
-    rows = openvino.greedy_identity(pair, prompts, length=24)
+    prompts = [DEFAULT_PROMPT, "ROMEO:\n", "To be, or not to be", LOOKUP_PROMPT, "KING.\nWhat", "First Citizen",
+               "JULIET.\nO", "Enter", "OTHELLO.\nIt is the cause", "My lord,", "Exeunt.\n\n", "What, ho!"]
+    rows = openvino.greedy_identity(pair, prompts, length=32)
     assert all(row["identical"] for row in rows), rows
 
 
@@ -76,7 +79,7 @@ def test_counters_show_token_two_drafted(pair):
     stats = result.stats
     assert stats["engine_errors"] == 0
     assert stats["drafted@2"] == 300  # every request's step after token 1 carried a candidate for token 2
-    assert 0.2 < stats["accepted@2"] / 300 < 1.0, stats  # the distilled draft agrees often, not always
+    assert 0.5 < stats["accepted@2"] / 300 < 0.95, stats  # α = 0.75 at T = 1 (docs/models.md): often, not always
 
 
 def test_finding_default_prefix_caching_breaks_sampled_speculation(pair):

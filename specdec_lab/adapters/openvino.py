@@ -25,7 +25,7 @@ Where drafts are attributed (:func:`positions_from_counters`): token 1 comes fro
 validates at most (tokens still to emit) − 1 candidates in a step (``Sampler::sample_from_sequence_group``:
 ``num_tokens_to_process`` is cut to ``output_seq_len - 1``), so at L = 2 nothing is drafted and at L = 3 only the
 step after token 1 carries a candidate, for position 2: a request whose draft generated tokens had token 2
-drafted, and its main model's second step emitted 2 tokens exactly when that candidate was accepted.
+drafted, and its accepted-token count is 1 exactly when that candidate was accepted.
 """
 
 from __future__ import annotations
@@ -187,19 +187,30 @@ def positions_from_counters(counters: dict, length: int) -> dict:
     """``drafted@2`` / ``accepted@2`` (0 or 1) of one request from its counters, where they attribute exactly
     (L = 3; the module docstring), else ``{}``.
 
-    >>> positions_from_counters({"main_step_tokens": [1, 2], "draft_generated": 4}, 3)
+    Draft model: token 2 was drafted when the draft generated tokens, and accepted when the request's
+    ``get_num_accepted_tokens()`` is 1 (at L = 3 one step verifies, one candidate). The main model's tokens per step
+    (``m_batch_sizes``) do not show acceptance there: the sampler counts the iteration that rejects a candidate and
+    the one that resamples after it (``sampler.cpp``: ``num_generated_tokens++`` before the ``continue``), so a
+    rejected step also reports 2. Prompt lookup reports no SD metrics (``draft_generated`` −1); a rejected candidate
+    ends its step at once there, so a step of 2 tokens is an accepted candidate, and only accepted candidates show:
+    a lower bound on the drafted count.
+
+    >>> positions_from_counters({"main_step_tokens": [1, 2], "draft_generated": 4, "accepted": 1}, 3)
     {'drafted@2': 1, 'accepted@2': 1}
-    >>> positions_from_counters({"main_step_tokens": [1, 1, 1], "draft_generated": 4}, 3)
+    >>> positions_from_counters({"main_step_tokens": [1, 2], "draft_generated": 4, "accepted": 0}, 3)
     {'drafted@2': 1, 'accepted@2': 0}
-    >>> positions_from_counters({"main_step_tokens": [1, 2], "draft_generated": 4}, 5)
+    >>> positions_from_counters({"main_step_tokens": [1, 1, 1], "draft_generated": -1, "accepted": 0}, 3)
+    {'drafted@2': 0, 'accepted@2': 0}
+    >>> positions_from_counters({"main_step_tokens": [1, 2], "draft_generated": 4, "accepted": 1}, 5)
     {}
     """
     if length != ATTRIBUTED_LENGTH or not counters:
         return {}
-    steps = counters["main_step_tokens"]
-    drafted = int(counters["draft_generated"] > 0 or any(b > 1 for b in steps))
-    accepted = int(drafted and len(steps) > 1 and steps[1] > 1)
-    return {"drafted@2": drafted, "accepted@2": accepted}
+    if counters["draft_generated"] < 0:  # prompt lookup
+        accepted = int(len(counters["main_step_tokens"]) > 1 and counters["main_step_tokens"][1] > 1)
+        return {"drafted@2": accepted, "accepted@2": accepted}
+    drafted = int(counters["draft_generated"] > 0)
+    return {"drafted@2": drafted, "accepted@2": int(drafted and counters["accepted"] > 0)}
 
 
 @dataclass(frozen=True)

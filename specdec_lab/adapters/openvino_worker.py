@@ -47,9 +47,12 @@ def generation_config(engine: dict, job: dict, seed: int):
 def build_pipeline(engine: dict):
     import openvino_genai as ov_genai
 
-    extra = {}
+    # fp32 compute and KV cache, like the local scorer: OpenVINO's CPU defaults are bf16 inference where the CPU
+    # has it and a u8 KV cache, which move the logits (and greedy ties) away from the fp32 target law
+    properties = {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"}
+    extra = dict(properties)
     if engine["method"] == "draft_model":
-        extra["draft_model"] = ov_genai.draft_model(engine["draft"], "CPU")
+        extra["draft_model"] = ov_genai.draft_model(engine["draft"], "CPU", **properties)
     if engine["method"] == "prompt_lookup":
         extra["prompt_lookup"] = True
     scheduler = ov_genai.SchedulerConfig()
@@ -65,10 +68,14 @@ def build_pipeline(engine: dict):
 def request_counters(result, speculative: bool) -> dict:
     """The engine's own counters of one request (``LLMPipeline``: its ``EncodedResults``' metrics): the main model's
     tokens per inference step (``raw_metrics.m_batch_sizes``: a step that emitted b tokens accepted b − 1 drafts) and
-    the tokens the draft generated (``SDPerModelsPerfMetrics.draft_model_metrics``)."""
+    the tokens the draft generated (``SDPerModelsPerfMetrics.draft_model_metrics``; −1 for prompt lookup, whose results
+carry no SD metrics: ``extended_perf_metrics`` is None)."""
     if not speculative:
         return {}
     metrics = result.extended_perf_metrics
+    if metrics is None:  # prompt lookup: no draft model, no SD metrics; the main model's steps only
+        steps = [int(b) for b in result.perf_metrics.raw_metrics.m_batch_sizes]
+        return {"main_step_tokens": steps, "draft_generated": -1, "accepted": sum(b - 1 for b in steps)}
     return {"main_step_tokens": [int(b) for b in metrics.main_model_metrics.raw_metrics.m_batch_sizes],
             "draft_generated": int(metrics.draft_model_metrics.get_num_generated_tokens()),
             "accepted": int(metrics.get_num_accepted_tokens())}
