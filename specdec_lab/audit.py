@@ -107,6 +107,9 @@ def implementation_label(described: dict) -> str:
         cache = {None: "", True: ", prefix caching on", False: ", prefix caching off"}[described.get("prefix_caching")]
         return (f"OpenVINO GenAI {described['openvino_genai_version']} {described['pipeline']}, "
                 f"{described['method']}{k}{cache}")
+    if described.get("sampler") == "ortgenai":
+        k = f" K={described['k']}" if "k" in described else ""
+        return f"ONNX Runtime GenAI {described['ortgenai_version']}, {described['method']}{k}"
     if described.get("sampler") == "endpoint":
         server = described.get("server") or "OpenAI-compatible server"
         return f"{server} `{described['model']}`"
@@ -402,6 +405,15 @@ def add_audit_parser(sub) -> None:
     _pair_and_common_args(ov, samples=3000, length=3)  # OpenVINO's counters attribute token 2 exactly at L = 3
     ov.set_defaults(func=cmd_audit)
 
+    from specdec_lab.adapters.ortgenai import METHODS as ORTGENAI_METHODS
+
+    og = kinds.add_parser("ortgenai", help="ONNX Runtime GenAI (CPU, in its own environment: `make ortgenai`)")
+    og.add_argument("--method", default="draft_model", choices=list(ORTGENAI_METHODS))
+    og.add_argument("--k", type=int, default=4, help="speculative.max_draft_tokens")
+    og.add_argument("--job-size", type=int, default=500, help="requests per worker job")
+    _pair_and_common_args(og, samples=3000, length=2)  # its counters place drafts at tokens 1 and 2 exactly at L = 2
+    og.set_defaults(func=cmd_audit)
+
     from specdec_lab.adapters.llamacpp import DRAFT_TOKENS
 
     ls = kinds.add_parser("llama-speculative", help="llama.cpp's llama-speculative example on the bundled pair "
@@ -454,6 +466,11 @@ def _sampler_from_args(args, sampling: SamplingConfig):
         return OpenvinoConfig(method=args.method, pipeline=args.pipeline, sampling=sampling, k=args.k,
                               job_size=args.job_size, progress=not args.quiet,
                               prefix_caching={"default": None, "on": True, "off": False}[args.prefix_caching])
+    if args.kind == "ortgenai":
+        from specdec_lab.adapters.ortgenai import OrtGenaiConfig
+
+        return OrtGenaiConfig(method=args.method, sampling=sampling, k=args.k, job_size=args.job_size,
+                              progress=not args.quiet)
     if args.kind == "hf":
         return HFGenerateConfig(mode=args.mode, sampling=sampling, k=args.k, schedule=args.schedule,
                                 confidence_threshold=args.confidence_threshold, progress=not args.quiet)
@@ -481,8 +498,8 @@ def cmd_audit(args) -> int:
 
     if args.kind == "vllm" and args.temperature == 0:
         return _greedy_vllm(args)
-    if args.kind == "openvino" and args.temperature == 0:
-        return _greedy_openvino(args)
+    if args.kind in ("openvino", "ortgenai") and args.temperature == 0:
+        return _greedy_cpu_engine(args)
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     scored_at = None if args.scored_temperature is None else \
         SamplingConfig(temperature=args.scored_temperature, top_k=args.top_k, top_p=args.top_p)
@@ -520,10 +537,8 @@ def cmd_audit(args) -> int:
                        progress=not args.quiet)
         if args.kind == "vllm":
             vllm_adapter.close_workers()
-        if args.kind == "openvino":
-            from specdec_lab.adapters import openvino
-
-            openvino.close_workers()
+        if args.kind in ("openvino", "ortgenai"):
+            _cpu_engine_module(args.kind).close_workers()
     row = result.summary()
     columns = ["implementation", "settings", "L", "m", "bounded positions", "TV upper 99%", "TV upper 99% (token 1)",
                "drafted share", "acceptance", "Holm p", "tokens/pass", "samples/s", "refused", "verdict"]
@@ -556,20 +571,32 @@ def _greedy_vllm(args) -> int:
     return 0 if check["identical"] else 1
 
 
-def _greedy_openvino(args) -> int:
-    """T = 0: OpenVINO GenAI's speculative greedy output must equal its own plain greedy output, token for token."""
-    from specdec_lab.adapters import openvino
+def _cpu_engine_module(kind: str):
+    from specdec_lab.adapters import openvino, ortgenai
+
+    return {"openvino": openvino, "ortgenai": ortgenai}[kind]
+
+
+def _greedy_cpu_engine(args) -> int:
+    """T = 0: OpenVINO GenAI's / ONNX Runtime GenAI's speculative greedy output must equal the same engine's plain
+    greedy output, token for token."""
     from specdec_lab.models import pair_from_args
 
+    engine = _cpu_engine_module(args.kind)
     pair = pair_from_args(args)
-    prompt = args.prompt if args.prompt is not None else DEFAULT_PROMPT
-    check = openvino.greedy_check(args.method, pair.encode(prompt), args.length, args.pipeline, args.k)
-    openvino.close_workers()
+    lookup = args.method in ("ngram", "prompt_lookup")
+    prompt = pair.encode(args.prompt if args.prompt is not None else (LOOKUP_PROMPT if lookup else DEFAULT_PROMPT))
+    if args.kind == "openvino":
+        check = engine.greedy_check(args.method, prompt, args.length, args.pipeline, args.k)
+        label = f"OpenVINO GenAI {engine.VERSION} {args.pipeline}"
+    else:
+        check = engine.greedy_check(args.method, prompt, args.length, args.k)
+        label = f"ONNX Runtime GenAI {engine.VERSION}"
+    engine.close_workers()
     for name in ("reference", "speculative"):
         print(f"{name:12s} {check[name]}")
     verdict = "identical" if check["identical"] else f"DIFFERS from token {check['first_difference']}"
-    print(f"\nOpenVINO GenAI {openvino.VERSION} {args.pipeline}, {args.method} K={args.k}, greedy, L={args.length}: "
-          f"{verdict}")
+    print(f"\n{label}, {args.method} K={args.k}, greedy, L={args.length}: {verdict}")
     return 0 if check["identical"] else 1
 
 

@@ -41,7 +41,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from specdec_lab.adapters.worker import EngineWorker
+from specdec_lab.adapters.worker import (EngineWorker, WorkerPool, add_counts, cache_root, distinct_seeds,
+                                         engine_python, first_difference, greedy_decode)
 from specdec_lab.models import BUNDLED_DIR, verify_manifest
 from specdec_lab.sampling import SamplingConfig
 from specdec_lab.samplers.naive import SampleResult, check_request
@@ -66,28 +67,10 @@ class OpenvinoError(RuntimeError):
     """OpenVINO GenAI refused a setting, crashed, or answered something the audit cannot use."""
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specdec-lab"
-
-
-def requirements_hash() -> str:
-    """The first 16 hex digits of requirements-openvino.txt's sha256: the per-machine environment's key."""
-    return hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()[:16]
-
-
 def openvino_python() -> Path:
     """The environment's interpreter: ``$SPECDEC_LAB_OPENVINO_PYTHON``, else ``.venv-openvino``, else the
     per-machine cache that ``.ci/run`` builds."""
-    if os.environ.get(ENV_PYTHON):
-        candidates = [Path(os.environ[ENV_PYTHON])]
-    else:
-        candidates = [REPO / ".venv-openvino" / "bin" / "python",
-                      cache_root() / f"venv-openvino-{requirements_hash()}" / "bin" / "python"]
-    for python in candidates:
-        if python.exists() and (python.parent.parent / ".installed").exists():
-            return python
-    raise FileNotFoundError(f"OpenVINO GenAI's environment is missing ({', '.join(map(str, candidates))}); "
-                            "build it with `make openvino`")
+    return engine_python(ENV_PYTHON, "openvino", REQUIREMENTS, REPO)
 
 
 def worker_env() -> dict:
@@ -138,22 +121,18 @@ class Worker(EngineWorker):
         self.version = self.ready["openvino_genai_version"]
 
 
-_WORKERS: dict[str, Worker] = {}
+_WORKERS = WorkerPool(Worker)
 
 
 def worker(engine: dict) -> Worker:
     """The running worker of this engine setting (started on first use)."""
-    key = json.dumps(engine, sort_keys=True)
-    if key not in _WORKERS or not _WORKERS[key].alive():
-        _WORKERS[key] = Worker(engine)
-    return _WORKERS[key]
+    return _WORKERS.get(engine)
 
 
 @atexit.register
 def close_workers() -> None:
     """Stop every worker this process started."""
-    while _WORKERS:
-        _WORKERS.popitem()[1].close()
+    _WORKERS.close()
 
 
 def engine_settings(method: str, pipeline: str = "llm", k: int = 4, max_ngram_size: int = 3,
@@ -168,19 +147,6 @@ def engine_settings(method: str, pipeline: str = "llm", k: int = 4, max_ngram_si
     target, draft = bundled_ir()
     return {"pipeline": pipeline, "method": method, "target": str(target), "draft": str(draft), "k": k,
             "max_ngram_size": max_ngram_size, "prefix_caching": prefix_caching}
-
-
-def seeds_for(generator: torch.Generator, count: int) -> list[int]:
-    """``count`` distinct request seeds in [0, 2³²) from the collection's generator.
-
-    >>> len(set(seeds_for(torch.Generator().manual_seed(0), 1000)))
-    1000
-    """
-    seeds: list[int] = []
-    while len(seeds) < count:
-        draw = torch.randint(0, SEED_HIGH, (count,), generator=generator, device=generator.device)
-        seeds = list(dict.fromkeys(seeds + draw.tolist()))[:count]
-    return seeds
 
 
 def positions_from_counters(counters: dict, length: int) -> dict:
@@ -264,11 +230,6 @@ def job(prompt: torch.Tensor, seeds: list[int], length: int, sampling: SamplingC
             "top_p": sampling.top_p, "top_k": sampling.top_k}
 
 
-def add_counts(totals: dict, counts: dict) -> None:
-    for key, value in counts.items():
-        totals[key] = totals.get(key, 0) + value
-
-
 def sample(prompt: torch.Tensor, n: int, length: int, config: OpenvinoConfig,
            generator: torch.Generator) -> SampleResult:
     """Draw ``n`` continuations of exactly ``length`` tokens (jobs of ≤ ``config.job_size`` requests).
@@ -280,7 +241,7 @@ def sample(prompt: torch.Tensor, n: int, length: int, config: OpenvinoConfig,
     """
     check_request(prompt, n, length)
     engine = worker(config.engine)
-    seeds = seeds_for(generator, n)
+    seeds = distinct_seeds(generator, n, SEED_HIGH)
     rows, totals = [], {"engine_seconds": 0.0, "engine_errors": 0}
     bar = tqdm(total=n, desc=f"OpenVINO {config.method}", unit="samples", leave=False, disable=not config.progress)
     for start in range(0, n, config.job_size):
@@ -316,9 +277,8 @@ def greedy_check(method: str, prompt: torch.Tensor, length: int, pipeline: str =
     """Greedy tokens of ``method`` against OpenVINO GenAI's own non-speculative greedy tokens."""
     reference = greedy_tokens("none", prompt, length, pipeline)
     speculative = reference if method == "none" else greedy_tokens(method, prompt, length, pipeline, k)
-    different = [i for i, (a, b) in enumerate(zip(reference, speculative)) if a != b]
     return {"reference": reference, "speculative": speculative, "identical": reference == speculative,
-            "first_difference": different[0] if different else None}
+            "first_difference": first_difference(reference, speculative)}
 
 
 def greedy_identity(pair, prompts: list[str], length: int = 32) -> list[dict]:
@@ -329,17 +289,7 @@ def greedy_identity(pair, prompts: list[str], length: int = 32) -> list[dict]:
         ids = pair.encode(text)
         ours = greedy_decode(pair, ids, length)
         theirs = greedy_tokens("none", ids, length)
-        different = [i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b]
-        rows.append({"prompt": text, "identical": ours == theirs,
-                     "first_difference": different[0] if different else None})
+        rows.append({"prompt": text, "identical": ours == theirs, "first_difference": first_difference(ours, theirs)})
     return rows
 
 
-def greedy_decode(pair, prompt: torch.Tensor, length: int) -> list[int]:
-    """Our target's greedy continuation (argmax over the tokenizer's vocabulary at each step)."""
-    ids = prompt.to(pair.device)
-    with torch.no_grad():
-        for _ in range(length):
-            logits = pair.target(ids[None]).logits[0, -1, : pair.vocab_size]
-            ids = torch.cat([ids, logits.argmax()[None]])
-    return ids[len(prompt):].tolist()

@@ -10,7 +10,9 @@ never imports the engine.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
+import os
 import subprocess
 import tempfile
 from pathlib import Path
@@ -70,3 +72,87 @@ class EngineWorker:
                 except subprocess.TimeoutExpired:
                     self.process.kill()
                     self.process.wait()
+
+
+def cache_root() -> Path:
+    """``${XDG_CACHE_HOME:-~/.cache}/specdec-lab``: per-machine builds, outside every clone."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specdec-lab"
+
+
+def engine_python(env_var: str, name: str, requirements: Path, repo: Path) -> Path:
+    """The interpreter of an engine's environment: ``$env_var``, else ``<repo>/.venv-<name>``, else the per-machine
+    cache ``.ci/run`` builds (``venv-<name>-<first 16 hex of the requirements file's sha256>``); each counts only
+    once its ``.installed`` stamp exists (``make <name>`` writes it last)."""
+    if os.environ.get(env_var):
+        candidates = [Path(os.environ[env_var])]
+    else:
+        digest = hashlib.sha256(requirements.read_bytes()).hexdigest()[:16]
+        candidates = [repo / f".venv-{name}" / "bin" / "python", cache_root() / f"venv-{name}-{digest}" / "bin" / "python"]
+    for python in candidates:
+        if python.exists() and (python.parent.parent / ".installed").exists():
+            return python
+    raise FileNotFoundError(f"the {name} environment is missing ({', '.join(map(str, candidates))}); "
+                            f"build it with `make {name}`")
+
+
+class WorkerPool:
+    """Running workers keyed by their engine settings: one per setting, started on first use, all stopped by
+    ``close()``."""
+
+    def __init__(self, start) -> None:
+        self.start, self.workers = start, {}
+
+    def get(self, engine: dict) -> EngineWorker:
+        key = json.dumps(engine, sort_keys=True)
+        if key not in self.workers or not self.workers[key].alive():
+            self.workers[key] = self.start(engine)
+        return self.workers[key]
+
+    def close(self) -> None:
+        while self.workers:
+            self.workers.popitem()[1].close()
+
+
+def distinct_seeds(generator, count: int, high: int) -> list[int]:
+    """``count`` distinct request seeds in [0, high) from the collection's generator.
+
+    >>> import torch
+    >>> len(set(distinct_seeds(torch.Generator().manual_seed(0), 1000, 2**32)))
+    1000
+    """
+    import torch
+
+    seeds: list[int] = []
+    while len(seeds) < count:
+        draw = torch.randint(0, min(high, 2**62), (count,), generator=generator, device=generator.device)
+        seeds = list(dict.fromkeys(seeds + draw.tolist()))[:count]
+    return seeds
+
+
+def greedy_decode(pair, prompt, length: int) -> list[int]:
+    """Our target's greedy continuation (argmax over the tokenizer's vocabulary at each step): what an engine's
+    converted copy of the target must reproduce token for token."""
+    import torch
+
+    ids = prompt.to(pair.device)
+    with torch.no_grad():
+        for _ in range(length):
+            logits = pair.target(ids[None]).logits[0, -1, : pair.vocab_size]
+            ids = torch.cat([ids, logits.argmax()[None]])
+    return ids[len(prompt):].tolist()
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first position where two token lists differ (None: identical).
+
+    >>> first_difference([1, 2, 3], [1, 5, 3]), first_difference([1], [1])
+    (1, None)
+    """
+    different = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
+    return different[0] if different else (None if len(a) == len(b) else min(len(a), len(b)))
+
+
+def add_counts(totals: dict, counts: dict) -> None:
+    """Add integer counts into ``totals`` (a sample set's stats)."""
+    for key, value in counts.items():
+        totals[key] = totals.get(key, 0) + value
