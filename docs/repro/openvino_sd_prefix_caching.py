@@ -22,7 +22,7 @@ import openvino as ov
 import openvino_genai as ov_genai
 
 IR = sys.argv[1] if len(sys.argv) > 1 else "ir"
-PROMPT = ov.Tensor(np.array([[36, 33, 45, 44, 37, 52, 14]], dtype=np.int64))  # "HAMLET." in the bundled tokenizer
+PROMPT = ov.Tensor(np.array([[40, 33, 45, 44, 37, 52, 14]], dtype=np.int64))  # "HAMLET." in the bundled tokenizer
 
 
 def config(seed, sample, draft=True):
