@@ -98,3 +98,10 @@ def test_finding_default_prefix_caching_breaks_sampled_speculation(pair):
         assert reply["counters"][0]["accepted"] > 0, reply["counters"]
     finally:
         fresh.close()
+
+
+def test_bad_settings_are_clear_errors():
+    with pytest.raises(ValueError, match="unknown OpenVINO GenAI method 'eagle'"):
+        openvino.OpenvinoConfig(method="eagle")
+    with pytest.raises(ValueError, match="unknown OpenVINO GenAI pipeline"):
+        openvino.OpenvinoConfig(pipeline="batched")

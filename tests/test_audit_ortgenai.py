@@ -74,3 +74,10 @@ def test_counters_place_drafts_at_tokens_one_and_two(pair):
     assert stats["drafted@1"] == stats["drafted@2"] == 300
     assert 0.9 < stats["accepted@1"] / 300  # token 1 is "\n" with p = 0.995 under both models
     assert 0.4 < stats["accepted@2"] / 300 < 0.95, stats  # α = 0.75 at T = 1 (docs/models.md): often, not always
+
+
+def test_bad_settings_are_clear_errors():
+    with pytest.raises(ValueError, match="unknown ONNX Runtime GenAI method 'prompt_lookup'"):
+        ortgenai.OrtGenaiConfig(method="prompt_lookup")
+    with pytest.raises(ValueError, match="k must be in 1..16"):
+        ortgenai.OrtGenaiConfig(method="draft_model", k=17)
