@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 CORE_STAMP := $(VENV)/.core-installed
 STAMP := $(VENV)/.installed
 
-.PHONY: verify test bench coverage train train-medusa train-eagle train-eagle3 clean-venv notebooks notebooks-render lab browser llama-cpp vllm
+.PHONY: verify test bench coverage train train-medusa train-eagle train-eagle3 clean-venv notebooks notebooks-render lab browser llama-cpp vllm openvino ortgenai
 
 $(CORE_STAMP): requirements-core.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -63,6 +63,30 @@ $(VLLM_STAMP): requirements-vllm.txt
 	touch $(VLLM_STAMP)
 
 vllm: $(VLLM_STAMP)
+
+# OpenVINO GenAI in its own environment (optimum-intel, its IR exporter, pins an older transformers): a complete lock
+# installed without dependency resolution (see requirements-openvino.txt). ≈ 1.6 GB once; re-running is a no-op.
+OPENVINO_VENV := .venv-openvino
+OPENVINO_STAMP := $(OPENVINO_VENV)/.installed
+$(OPENVINO_STAMP): requirements-openvino.txt
+	test -x $(OPENVINO_VENV)/bin/python || $(PYTHON) -m venv $(OPENVINO_VENV)
+	$(OPENVINO_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(OPENVINO_VENV)/bin/python -m pip install --quiet --no-deps -r requirements-openvino.txt
+	touch $(OPENVINO_STAMP)
+
+openvino: $(OPENVINO_STAMP)
+
+# ONNX Runtime GenAI in its own environment (its model builder needs torch and transformers): a complete lock installed
+# without dependency resolution (see requirements-ortgenai.txt). ≈ 1.3 GB once; re-running is a no-op.
+ORTGENAI_VENV := .venv-ortgenai
+ORTGENAI_STAMP := $(ORTGENAI_VENV)/.installed
+$(ORTGENAI_STAMP): requirements-ortgenai.txt
+	test -x $(ORTGENAI_VENV)/bin/python || $(PYTHON) -m venv $(ORTGENAI_VENV)
+	$(ORTGENAI_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(ORTGENAI_VENV)/bin/python -m pip install --quiet --no-deps -r requirements-ortgenai.txt
+	touch $(ORTGENAI_STAMP)
+
+ortgenai: $(ORTGENAI_STAMP)
 
 # The interpreter of vLLM's environment for every target that may run it (tests, notebook 07, the browser test):
 # $SPECDEC_LAB_VLLM_PYTHON if set, else $(VLLM_VENV) when built, else the per-machine cache .ci/run builds

@@ -102,6 +102,14 @@ def implementation_label(described: dict) -> str:
         k = f" K={described['k']}" if "k" in described else ""
         patch = f" + our {described['patch']} fix" if described.get("patch") else ""
         return f"vLLM {described['vllm_version']} offline, {described['method']}{k}{patch}"
+    if described.get("sampler") == "openvino_genai":
+        k = f" K={described['k']}" if "k" in described else ""
+        cache = {None: "", True: ", prefix caching on", False: ", prefix caching off"}[described.get("prefix_caching")]
+        return (f"OpenVINO GenAI {described['openvino_genai_version']} {described['pipeline']}, "
+                f"{described['method']}{k}{cache}")
+    if described.get("sampler") == "ortgenai":
+        k = f" K={described['k']}" if "k" in described else ""
+        return f"ONNX Runtime GenAI {described['ortgenai_version']}, {described['method']}{k}"
     if described.get("sampler") == "endpoint":
         server = described.get("server") or "OpenAI-compatible server"
         return f"{server} `{described['model']}`"
@@ -161,7 +169,7 @@ class AuditResult:
                 "TV plug-in": s.joint_tv_plugin, "TV upper 99%": joint,
                 "TV upper 99% (token 1)": s.tv_bound.upper, "KL (MM)": s.kl, "Holm p": s.global_pvalue,
                 "tokens/pass": per_pass, "refused": stats.get("refused_samples", 0),
-                **speculation_summary(stats),
+                **speculation_summary(stats), **engine_errors(stats),
                 "verdict": verdict, "correct call": correct_call(verdict, self.expected),
                 "in words": words, "seconds": round(self.seconds, 1),
                 "samples/s": samples_per_second(s.m, stats, self.collect_seconds)}
@@ -169,6 +177,20 @@ class AuditResult:
     def tests(self) -> pd.DataFrame:
         """Every test's statistic and p-value."""
         return pd.DataFrame(self.suite.rows())
+
+
+def engine_errors(stats: dict) -> dict:
+    """Requests the engine raised on (each run again with the same seed: OpenVINO GenAI's worker) and its messages
+    (stats keys ``engine error: <message>``); empty for an engine that does not count them.
+
+    >>> engine_errors({"engine_errors": 2, "engine error: Check failed": 2})
+    {'engine errors': 2, 'engine messages': 'Check failed (2)'}
+    """
+    if "engine_errors" not in stats:
+        return {}
+    messages = [f"{key.split(': ', 1)[1]} ({int(count)})" for key, count in stats.items()
+                if key.startswith("engine error: ")]
+    return {"engine errors": int(stats["engine_errors"]), "engine messages": "; ".join(messages)}
 
 
 def samples_per_second(m: int, stats: dict, collect_seconds: float) -> float:
@@ -369,6 +391,29 @@ def add_audit_parser(sub) -> None:
     _pair_and_common_args(vl, samples=3000, length=2)  # vLLM's counters attribute token 2 exactly at L = 2
     vl.set_defaults(func=cmd_audit, serve=False)
 
+    from specdec_lab.adapters.openvino import METHODS as OPENVINO_METHODS, PIPELINES as OPENVINO_PIPELINES
+
+    ov = kinds.add_parser("openvino", help="OpenVINO GenAI (CPU, in its own environment: `make openvino`)")
+    ov.add_argument("--method", default="draft_model", choices=list(OPENVINO_METHODS))
+    ov.add_argument("--pipeline", default="llm", choices=list(OPENVINO_PIPELINES),
+                    help="LLMPipeline (one request per call; drafts counted per request) or ContinuousBatchingPipeline")
+    ov.add_argument("--k", type=int, default=4, help="num_assistant_tokens")
+    ov.add_argument("--job-size", type=int, default=500, help="requests per worker job")
+    ov.add_argument("--prefix-caching", choices=["default", "on", "off"], default="default",
+                    help="SchedulerConfig.enable_prefix_caching (default: the pipeline's own; on for LLMPipeline with a "
+                         "draft: docs/audit-openvino.md)")
+    _pair_and_common_args(ov, samples=3000, length=3)  # OpenVINO's counters attribute token 2 exactly at L = 3
+    ov.set_defaults(func=cmd_audit)
+
+    from specdec_lab.adapters.ortgenai import METHODS as ORTGENAI_METHODS
+
+    og = kinds.add_parser("ortgenai", help="ONNX Runtime GenAI (CPU, in its own environment: `make ortgenai`)")
+    og.add_argument("--method", default="draft_model", choices=list(ORTGENAI_METHODS))
+    og.add_argument("--k", type=int, default=4, help="speculative.max_draft_tokens")
+    og.add_argument("--job-size", type=int, default=500, help="requests per worker job")
+    _pair_and_common_args(og, samples=3000, length=2)  # its counters place drafts at tokens 1 and 2 exactly at L = 2
+    og.set_defaults(func=cmd_audit)
+
     from specdec_lab.adapters.llamacpp import DRAFT_TOKENS
 
     ls = kinds.add_parser("llama-speculative", help="llama.cpp's llama-speculative example on the bundled pair "
@@ -415,6 +460,17 @@ def _sampler_from_args(args, sampling: SamplingConfig):
         return VllmOfflineConfig(method=args.method, sampling=sampling, k=args.k, draft=args.head,
                                  n_per_request=args.n_per_request, progress=not args.quiet, patch=args.patch,
                                  job_size=args.job_size)
+    if args.kind == "openvino":
+        from specdec_lab.adapters.openvino import OpenvinoConfig
+
+        return OpenvinoConfig(method=args.method, pipeline=args.pipeline, sampling=sampling, k=args.k,
+                              job_size=args.job_size, progress=not args.quiet,
+                              prefix_caching={"default": None, "on": True, "off": False}[args.prefix_caching])
+    if args.kind == "ortgenai":
+        from specdec_lab.adapters.ortgenai import OrtGenaiConfig
+
+        return OrtGenaiConfig(method=args.method, sampling=sampling, k=args.k, job_size=args.job_size,
+                              progress=not args.quiet)
     if args.kind == "hf":
         return HFGenerateConfig(mode=args.mode, sampling=sampling, k=args.k, schedule=args.schedule,
                                 confidence_threshold=args.confidence_threshold, progress=not args.quiet)
@@ -442,12 +498,14 @@ def cmd_audit(args) -> int:
 
     if args.kind == "vllm" and args.temperature == 0:
         return _greedy_vllm(args)
+    if args.kind in ("openvino", "ortgenai") and args.temperature == 0:
+        return _greedy_cpu_engine(args)
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     scored_at = None if args.scored_temperature is None else \
         SamplingConfig(temperature=args.scored_temperature, top_k=args.top_k, top_p=args.top_p)
     expected = "lossless" if scored_at is None else "negative control"
     lookup = getattr(args, "mode", None) == "prompt_lookup" or getattr(args, "model", None) == "target-lookup" \
-        or getattr(args, "method", None) == "ngram"
+        or getattr(args, "method", None) in ("ngram", "prompt_lookup")
     args.prompt = args.prompt if args.prompt is not None else (LOOKUP_PROMPT if lookup else DEFAULT_PROMPT)
     pair = pair_from_args(args)
     if args.samples is None:
@@ -479,10 +537,13 @@ def cmd_audit(args) -> int:
                        progress=not args.quiet)
         if args.kind == "vllm":
             vllm_adapter.close_workers()
+        if args.kind in ("openvino", "ortgenai"):
+            _cpu_engine_module(args.kind).close_workers()
     row = result.summary()
     columns = ["implementation", "settings", "L", "m", "bounded positions", "TV upper 99%", "TV upper 99% (token 1)",
                "drafted share", "acceptance", "Holm p", "tokens/pass", "samples/s", "refused", "verdict"]
-    columns[-1:-1] = [c for c in ("speculative steps", "drafted/step", "accepted/step") if c in row]
+    columns[-1:-1] = [c for c in ("speculative steps", "drafted/step", "accepted/step", "engine errors",
+                                  "engine messages") if c in row]
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 70):
         print(result.tests()[["test", "statistic", "pvalue"]].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
         print()
@@ -507,6 +568,35 @@ def _greedy_vllm(args) -> int:
         print(f"{name:12s} {check[name]}")
     verdict = "identical" if check["identical"] else f"DIFFERS from token {check['first_difference']}"
     print(f"\nvLLM {vllm_adapter.VERSION} offline, {args.method} K={args.k}, greedy, L={args.length}: {verdict}")
+    return 0 if check["identical"] else 1
+
+
+def _cpu_engine_module(kind: str):
+    from specdec_lab.adapters import openvino, ortgenai
+
+    return {"openvino": openvino, "ortgenai": ortgenai}[kind]
+
+
+def _greedy_cpu_engine(args) -> int:
+    """T = 0: OpenVINO GenAI's / ONNX Runtime GenAI's speculative greedy output must equal the same engine's plain
+    greedy output, token for token."""
+    from specdec_lab.models import pair_from_args
+
+    engine = _cpu_engine_module(args.kind)
+    pair = pair_from_args(args)
+    lookup = args.method in ("ngram", "prompt_lookup")
+    prompt = pair.encode(args.prompt if args.prompt is not None else (LOOKUP_PROMPT if lookup else DEFAULT_PROMPT))
+    if args.kind == "openvino":
+        check = engine.greedy_check(args.method, prompt, args.length, args.pipeline, args.k)
+        label = f"OpenVINO GenAI {engine.VERSION} {args.pipeline}"
+    else:
+        check = engine.greedy_check(args.method, prompt, args.length, args.k)
+        label = f"ONNX Runtime GenAI {engine.VERSION}"
+    engine.close_workers()
+    for name in ("reference", "speculative"):
+        print(f"{name:12s} {check[name]}")
+    verdict = "identical" if check["identical"] else f"DIFFERS from token {check['first_difference']}"
+    print(f"\n{label}, {args.method} K={args.k}, greedy, L={args.length}: {verdict}")
     return 0 if check["identical"] else 1
 
 

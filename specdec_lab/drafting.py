@@ -36,6 +36,12 @@ llama-cpp-python lookup     per sample: the server's draft calls (``specdec_lab.
                             step after token 1 can draft, and then one token, for position 2
 vLLM (offline and serve)    its spec-decode counters, exact at L = 2: one step after the prefill
                             per sequence; ``accepted@2`` from the per-position acceptance counter
+OpenVINO GenAI              per request (``LLMPipeline``): the draft's generated tokens and the main
+                            model's tokens per step, exact at L = 3 (at most (tokens still to emit)
+                            − 1 candidates a step: :mod:`specdec_lab.adapters.openvino`)
+ONNX Runtime GenAI          per request: its ``get_speculative_stats`` (rounds, draft tokens
+                            evaluated / accepted), exact at L = 2; it drafts from token 1
+                            (:mod:`specdec_lab.adapters.ortgenai`)
 =========================  ======================================================================
 
 Where the counters cannot attribute drafts to a position (a longer window on a counters-only
@@ -199,7 +205,7 @@ def speculates(described: dict) -> bool:
     kind = described.get("sampler", "")
     if kind == "hf_generate":
         return described.get("mode") != "plain"
-    if kind == "vllm_offline":
+    if kind in ("vllm_offline", "openvino_genai", "ortgenai"):
         return described.get("method") != "none"
     if kind == "endpoint":  # a server of unknown configuration counts as speculative
         return described.get("speculative") is not False
@@ -215,6 +221,10 @@ def counter_source(described: dict) -> str:
         return "HF's candidate lengths and n_matches per step"
     if kind == "vllm_offline":
         return "vLLM's spec_decode counters (num_drafts, accepted per position)"
+    if kind == "ortgenai":
+        return "ONNX Runtime GenAI's per-request get_speculative_stats (rounds, draft tokens evaluated and accepted)"
+    if kind == "openvino_genai":
+        return "OpenVINO GenAI's per-request metrics (draft tokens generated, main-model tokens per step)"
     if kind == "endpoint":
         if described.get("drafting_rule") == "lookup-calls":
             return "llama-cpp-python's prompt-lookup draft calls"

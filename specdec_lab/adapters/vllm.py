@@ -45,6 +45,7 @@ import torch
 from scipy import stats as scipy_stats
 from tqdm.auto import tqdm
 
+from specdec_lab.adapters.worker import EngineWorker
 from specdec_lab.models import BUNDLED_DIR
 from specdec_lab.sampling import SamplingConfig
 from specdec_lab.samplers.naive import SampleResult, check_request
@@ -172,56 +173,18 @@ def worker_env() -> dict:
 # ---------------------------------------------------------------- offline engine: worker processes
 
 
-class Worker:
+class Worker(EngineWorker):
     """One ``vllm_worker.py`` process holding one engine; ``ask(job)`` → reply dict."""
 
     def __init__(self, engine: dict | None, startup_timeout: float = 600.0) -> None:
         self.engine = engine  # None: a tools worker (no engine)
-        self.log = tempfile.NamedTemporaryFile(prefix="specdec-vllm-", suffix=".log", delete=False)
         argv = [str(vllm_python()), "-P", str(WORKER), "--tools" if engine is None else json.dumps(engine)]
-        self.process = subprocess.Popen(argv,
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
-                                        text=True, env=worker_env(), cwd=REPO, start_new_session=True)
-        ready = self._read(startup_timeout)
-        if "error" in ready:
-            self.close()
-            raise VllmError(f"vLLM refused the engine: {ready['error']}\n(log: {self.log.name})")
-        self.version = ready["vllm_version"]
-
-    def _read(self, timeout: float) -> dict:
-        line = self.process.stdout.readline()
-        if not line:
-            self.process.wait(timeout=timeout)
-            raise VllmError(f"vLLM worker exited with {self.process.returncode}:\n{self.log_tail()}")
-        return json.loads(line)
+        super().__init__(argv, worker_env(), REPO, VllmError, "vLLM", startup_timeout)
+        self.version = self.ready["vllm_version"]
 
     def ask(self, job: dict, timeout: float = 60) -> dict:
-        self.process.stdin.write(json.dumps(job) + "\n")
-        self.process.stdin.flush()
-        reply = self._read(timeout)
-        if "error" in reply:
-            if "tool" not in job:  # an engine that failed a job may be left broken (it can spin): never reuse it
-                self.close()
-            raise VllmError(f"vLLM failed the job: {reply['error']}")
-        return reply
-
-    def log_tail(self, chars: int = 4000) -> str:
-        return Path(self.log.name).read_text(errors="replace")[-chars:]
-
-    def close(self) -> None:
-        """Close stdin (the worker exits at once); terminate it if it has not within 10 s."""
-        if self.process.poll() is None:
-            with contextlib.suppress(OSError):
-                self.process.stdin.close()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.terminate()
-                try:
-                    self.process.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    self.process.kill()
-                    self.process.wait()
+        # an engine that failed a job may be left broken (it can spin): never reuse it; a tool job leaves it as it was
+        return super().ask(job, timeout, close_on_error="tool" not in job)
 
 
 _WORKERS: dict[str, Worker] = {}

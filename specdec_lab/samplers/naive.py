@@ -52,7 +52,8 @@ def merge_stats(per_chunk: list[dict]) -> dict:
     """Sum the counts of several runs; rates are recomputed from the summed counts."""
     if not per_chunk or not per_chunk[0]:
         return {}
-    merged = {key: sum(s[key] for s in per_chunk) for key in per_chunk[0] if key not in RATES and key != "k"}
+    keys = dict.fromkeys(key for s in per_chunk for key in s)  # a count a chunk lacks is 0 there
+    merged = {key: sum(s.get(key, 0) for s in per_chunk) for key in keys if key not in RATES and key != "k"}
     if "k" in per_chunk[0]:
         merged["k"] = per_chunk[0]["k"]
     return speculative_rates(merged) if "accepted_drafts" in merged else merged

@@ -1,0 +1,295 @@
+"""OpenVINO GenAI's speculative decoding, audited on the real engine (``openvino-genai``, CPU, in its own environment).
+
+OpenVINO GenAI's export tools (``optimum-intel``) pin an older transformers, so the engine lives in its own
+environment (``make openvino``: ``.venv-openvino``, or the per-machine cache
+``~/.cache/specdec-lab/venv-openvino-<hash of requirements-openvino.txt>`` that ``.ci/run`` builds) and the main
+environment never imports it. A worker process of that environment
+(:mod:`specdec_lab.adapters.openvino_worker`, run by file path) holds one pipeline and answers with token ids
+and the engine's own speculative counters.
+
+The bundled pair in OpenVINO's format: :func:`bundled_ir` exports the target and the draft to OpenVINO IR (fp32
+weights, with OpenVINO's tokenizer models) with ``optimum-cli export openvino`` of that environment, once per
+machine, into ``~/.cache/specdec-lab/openvino-ir-<weights sha>-<version>``; :func:`greedy_identity` checks the
+IR's greedy tokens against our target's, token for token, before anything is sampled.
+
+Pipelines (``--pipeline``): ``llm`` (``LLMPipeline``, one request per call, the engine's counters per request) and
+``continuous-batching`` (``ContinuousBatchingPipeline``, every request of a job in one call; its speculative
+metrics are the call's). Methods: ``none``, ``draft_model`` (``num_assistant_tokens`` = k), ``prompt_lookup``.
+
+Seeds: a request's ``rng_seed`` seeds its own ``std::mt19937`` (``sampler.cpp``: ``RequestSamplerContext``), whose
+seeding keeps the low 32 bits; the adapter draws one seed per sample in [0, 2³²) from the collection's generator
+(OpenVINO refuses ``num_return_sequences`` > 1 with speculative decoding), so two samples of an m = 20,000 set
+share a stream with expected count m²/2³³ ≈ 0.05; the suite's collision test checks the samples.
+
+Where drafts are attributed (:func:`positions_from_counters`): token 1 comes from the prompt's pass, and OpenVINO
+validates at most (tokens still to emit) − 1 candidates in a step (``Sampler::sample_from_sequence_group``:
+``num_tokens_to_process`` is cut to ``output_seq_len - 1``), so at L = 2 nothing is drafted and at L = 3 only the
+step after token 1 carries a candidate, for position 2: a request whose draft generated tokens had token 2
+drafted, and its accepted-token count is 1 exactly when that candidate was accepted.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from specdec_lab.adapters.worker import (EngineWorker, WorkerPool, add_counts, cache_root, distinct_seeds,
+                                         engine_python, first_difference, greedy_decode)
+from specdec_lab.models import BUNDLED_DIR, verify_manifest
+from specdec_lab.sampling import SamplingConfig
+from specdec_lab.samplers.naive import SampleResult, check_request
+
+VERSION = "2026.4.1.0"  # openvino-genai, pinned in requirements-openvino.txt
+REPO = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).with_name("openvino_worker.py")
+REQUIREMENTS = REPO / "requirements-openvino.txt"
+ENV_PYTHON = "SPECDEC_LAB_OPENVINO_PYTHON"  # another environment's python
+SEED_HIGH = 2**32  # mt19937 keeps the low 32 bits of rng_seed
+PIPELINES = ("llm", "continuous-batching")
+METHODS = {
+    "none": "no speculation: OpenVINO GenAI's own sampler (the reference)",
+    "draft_model": "the bundled draft model (num_assistant_tokens = k)",
+    "prompt_lookup": "prompt lookup: n-gram matches in the context (max_ngram_size 3), no model",
+}
+ERROR_PREFIX = "engine error: "  # stats key of the count of one engine message
+ATTRIBUTED_LENGTH = 3  # the window where the counters attribute drafts to token 2 exactly (module docstring)
+
+
+class OpenvinoError(RuntimeError):
+    """OpenVINO GenAI refused a setting, crashed, or answered something the audit cannot use."""
+
+
+def openvino_python() -> Path:
+    """The environment's interpreter: ``$SPECDEC_LAB_OPENVINO_PYTHON``, else ``.venv-openvino``, else the
+    per-machine cache that ``.ci/run`` builds."""
+    return engine_python(ENV_PYTHON, "openvino", REQUIREMENTS, REPO)
+
+
+def worker_env() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": ""}
+
+
+# ---------------------------------------------------------------- the bundled pair in OpenVINO IR
+
+
+def ir_dir() -> Path:
+    """Where the bundled pair's IR lives on this machine: keyed by the weights' sha256 and the engine's version."""
+    manifest = verify_manifest(BUNDLED_DIR)
+    key = hashlib.sha256((manifest["files"]["target/model.safetensors"]
+                          + manifest["files"]["draft/model.safetensors"]).encode()).hexdigest()[:16]
+    return cache_root() / f"openvino-ir-{key}-{VERSION}"
+
+
+def export_ir(source: Path, dest: Path) -> Path:
+    """``optimum-cli export openvino`` (the environment's own exporter) of one bundled model, fp32 weights."""
+    cli = openvino_python().parent / "optimum-cli"
+    argv = [str(cli), "export", "openvino", "--model", str(source), "--task", "text-generation-with-past",
+            "--weight-format", "fp32", str(dest)]
+    done = subprocess.run(argv, capture_output=True, text=True, env=worker_env())
+    if done.returncode != 0 or not (dest / "openvino_model.xml").exists():
+        raise OpenvinoError(f"`{' '.join(argv)}` failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return dest
+
+
+def bundled_ir() -> tuple[Path, Path]:
+    """(target, draft) IR directories of the bundled pair, exported on first use (≈ 20 s) and reused."""
+    root = ir_dir()
+    for name in ("target", "draft"):
+        if not (root / name / "openvino_model.xml").exists():
+            export_ir(BUNDLED_DIR / name, root / f"{name}.partial")
+            (root / f"{name}.partial").rename(root / name)
+    return root / "target", root / "draft"
+
+
+# ---------------------------------------------------------------- worker processes
+
+
+class Worker(EngineWorker):
+    """One ``openvino_worker.py`` process holding one pipeline."""
+
+    def __init__(self, engine: dict, startup_timeout: float = 300.0) -> None:
+        argv = [str(openvino_python()), "-P", str(WORKER), json.dumps(engine)]
+        super().__init__(argv, worker_env(), REPO, OpenvinoError, "OpenVINO GenAI", startup_timeout)
+        self.version = self.ready["openvino_genai_version"]
+
+
+_WORKERS = WorkerPool(Worker)
+
+
+def worker(engine: dict) -> Worker:
+    """The running worker of this engine setting (started on first use)."""
+    return _WORKERS.get(engine)
+
+
+@atexit.register
+def close_workers() -> None:
+    """Stop every worker this process started."""
+    _WORKERS.close()
+
+
+def engine_settings(method: str, pipeline: str = "llm", k: int = 4, max_ngram_size: int = 3,
+                    prefix_caching: bool | None = None) -> dict:
+    """The worker's engine JSON for one method on the bundled pair."""
+    if method not in METHODS:
+        raise ValueError(f"unknown OpenVINO GenAI method {method!r}; valid: {', '.join(METHODS)}")
+    if pipeline not in PIPELINES:
+        raise ValueError(f"unknown OpenVINO GenAI pipeline {pipeline!r}; valid: {', '.join(PIPELINES)}")
+    if k < 1:
+        raise ValueError(f"k (num_assistant_tokens) must be >= 1, got {k!r}")
+    target, draft = bundled_ir()
+    return {"pipeline": pipeline, "method": method, "target": str(target), "draft": str(draft), "k": k,
+            "max_ngram_size": max_ngram_size, "prefix_caching": prefix_caching}
+
+
+def positions_from_counters(counters: dict, length: int) -> dict:
+    """``drafted@2`` / ``accepted@2`` (0 or 1) of one request from its counters, where they attribute exactly
+    (L = 3; the module docstring), else ``{}``.
+
+    Draft model: token 2 was drafted when the draft generated tokens, and accepted when the request's
+    ``get_num_accepted_tokens()`` is 1 (at L = 3 one step verifies, one candidate). The main model's tokens per step
+    (``m_batch_sizes``) do not show acceptance there: the sampler counts the iteration that rejects a candidate and
+    the one that resamples after it (``sampler.cpp``: ``num_generated_tokens++`` before the ``continue``), so a
+    rejected step also reports 2. Prompt lookup reports no SD metrics (``draft_generated`` −1); a rejected candidate
+    ends its step at once there, so a step of 2 tokens is an accepted candidate, and only accepted candidates show:
+    a lower bound on the drafted count.
+
+    >>> positions_from_counters({"main_step_tokens": [1, 2], "draft_generated": 4, "accepted": 1}, 3)
+    {'drafted@2': 1, 'accepted@2': 1}
+    >>> positions_from_counters({"main_step_tokens": [1, 2], "draft_generated": 4, "accepted": 0}, 3)
+    {'drafted@2': 1, 'accepted@2': 0}
+    >>> positions_from_counters({"main_step_tokens": [1, 1, 1], "draft_generated": -1, "accepted": 0}, 3)
+    {'drafted@2': 0, 'accepted@2': 0}
+    >>> positions_from_counters({"main_step_tokens": [1, 2], "draft_generated": 4, "accepted": 1}, 5)
+    {}
+    """
+    if length != ATTRIBUTED_LENGTH or not counters:
+        return {}
+    if counters["draft_generated"] < 0:  # prompt lookup
+        accepted = int(len(counters["main_step_tokens"]) > 1 and counters["main_step_tokens"][1] > 1)
+        return {"drafted@2": accepted, "accepted@2": accepted}
+    drafted = int(counters["draft_generated"] > 0)
+    return {"drafted@2": drafted, "accepted@2": int(drafted and counters["accepted"] > 0)}
+
+
+@dataclass(frozen=True)
+class OpenvinoConfig:
+    """Settings of one OpenVINO GenAI audit (a pipeline in a worker of OpenVINO's environment).
+
+    method: one of :data:`METHODS`; pipeline: one of :data:`PIPELINES`; k: ``num_assistant_tokens``;
+    sampling: temperature / top-k / top-p asked of the engine (and, by default, the law scored);
+    job_size: requests per worker job; prefix_caching: None keeps the pipeline's default (on for ``LLMPipeline`` with
+    speculative decoding), False/True sets ``SchedulerConfig.enable_prefix_caching``.
+    """
+
+    method: str = "none"
+    pipeline: str = "llm"
+    sampling: SamplingConfig = SamplingConfig()
+    k: int = 4
+    max_ngram_size: int = 3
+    job_size: int = 500
+    prefix_caching: bool | None = None
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"unknown OpenVINO GenAI method {self.method!r}; valid: {', '.join(METHODS)}")
+        if self.pipeline not in PIPELINES:
+            raise ValueError(f"unknown OpenVINO GenAI pipeline {self.pipeline!r}; valid: {', '.join(PIPELINES)}")
+        if self.k < 1 or self.job_size < 1:
+            raise ValueError(f"k and job_size must be >= 1, got {self.k!r}, {self.job_size!r}")
+
+    @property
+    def engine(self) -> dict:
+        return engine_settings(self.method, self.pipeline, self.k, self.max_ngram_size, self.prefix_caching)
+
+    def describe(self) -> dict:
+        described = {"sampler": "openvino_genai", "openvino_genai_version": VERSION, "method": self.method,
+                     "pipeline": self.pipeline, **self.sampling.describe()}
+        if self.method != "none":
+            described["k"] = self.k
+        if self.method == "prompt_lookup":
+            described["max_ngram_size"] = self.max_ngram_size
+        if self.prefix_caching is not None:
+            described["prefix_caching"] = self.prefix_caching
+        return described
+
+    def draw(self, pair, prompt, n, length, generator) -> SampleResult:
+        return sample(prompt, n, length, self, generator)
+
+
+def job(prompt: torch.Tensor, seeds: list[int], length: int, sampling: SamplingConfig) -> dict:
+    return {"prompt_ids": prompt.tolist(), "seeds": seeds, "length": length, "temperature": sampling.temperature,
+            "top_p": sampling.top_p, "top_k": sampling.top_k}
+
+
+def sample(prompt: torch.Tensor, n: int, length: int, config: OpenvinoConfig,
+           generator: torch.Generator) -> SampleResult:
+    """Draw ``n`` continuations of exactly ``length`` tokens (jobs of ≤ ``config.job_size`` requests).
+
+    Stats: ``engine_seconds``, ``engine_errors`` (requests the engine raised on; each was run again once with the
+    same seed), ``engine error: <the engine's message>`` (the count per message), the speculative counters summed (``draft_generated``,
+    ``accepted_tokens``, ``target_passes``: main-model steps) and, at L = 3 on the ``llm`` pipeline, ``drafted@2`` /
+    ``accepted@2`` (:func:`positions_from_counters`).
+    """
+    check_request(prompt, n, length)
+    engine = worker(config.engine)
+    seeds = distinct_seeds(generator, n, SEED_HIGH)
+    rows, totals = [], {"engine_seconds": 0.0, "engine_errors": 0}
+    bar = tqdm(total=n, desc=f"OpenVINO {config.method}", unit="samples", leave=False, disable=not config.progress)
+    for start in range(0, n, config.job_size):
+        reply = engine.ask(job(prompt, seeds[start:start + config.job_size], length, config.sampling), timeout=600)
+        for ids in reply["tokens"]:
+            if len(ids) != length:
+                raise OpenvinoError(f"OpenVINO GenAI returned {len(ids)} tokens, asked for exactly {length}")
+        rows += reply["tokens"]
+        totals["engine_seconds"] += reply["engine_seconds"]
+        totals["engine_errors"] += len(reply["errors"])
+        for error in reply["errors"]:  # counts per message (stats hold numbers only: collect sums them)
+            add_counts(totals, {f"{ERROR_PREFIX}{error['message']}": 1})
+        for counters in reply["counters"]:
+            if counters:
+                add_counts(totals, {"draft_generated": counters["draft_generated"],
+                                    "accepted_tokens": counters["accepted"],
+                                    "target_passes": len(counters["main_step_tokens"])})
+                if config.pipeline == "llm":
+                    add_counts(totals, positions_from_counters(counters, length))
+        bar.update(len(reply["tokens"]))
+    bar.close()
+    totals["emitted_tokens"] = n * length
+    return SampleResult(torch.tensor(rows, dtype=torch.long), None, totals)
+
+
+def greedy_tokens(method: str, prompt: torch.Tensor, length: int, pipeline: str = "llm", k: int = 4) -> list[int]:
+    """OpenVINO GenAI's greedy (T = 0) continuation of ``prompt`` with ``method``."""
+    reply = worker(engine_settings(method, pipeline, k)).ask(job(prompt, [0], length, SamplingConfig(temperature=0.0)))
+    return reply["tokens"][0]
+
+
+def greedy_check(method: str, prompt: torch.Tensor, length: int, pipeline: str = "llm", k: int = 4) -> dict:
+    """Greedy tokens of ``method`` against OpenVINO GenAI's own non-speculative greedy tokens."""
+    reference = greedy_tokens("none", prompt, length, pipeline)
+    speculative = reference if method == "none" else greedy_tokens(method, prompt, length, pipeline, k)
+    return {"reference": reference, "speculative": speculative, "identical": reference == speculative,
+            "first_difference": first_difference(reference, speculative)}
+
+
+def greedy_identity(pair, prompts: list[str], length: int = 32) -> list[dict]:
+    """The IR target's greedy tokens (OpenVINO, no speculation) against our target's argmax decode, token for
+    token, one row per prompt: the check that the exported model is our target."""
+    rows = []
+    for text in prompts:
+        ids = pair.encode(text)
+        ours = greedy_decode(pair, ids, length)
+        theirs = greedy_tokens("none", ids, length)
+        rows.append({"prompt": text, "identical": ours == theirs, "first_difference": first_difference(ours, theirs)})
+    return rows
+
+

@@ -1,0 +1,150 @@
+"""Worker process of OpenVINO GenAI's environment (``make openvino``): one pipeline, jobs on stdin, JSON lines out.
+
+Run by file path with that environment's interpreter (``python -P openvino_worker.py '<engine json>'``); it
+imports only the standard library, numpy and OpenVINO GenAI, never ``specdec_lab``. The engine JSON:
+``pipeline`` ("llm": ``LLMPipeline``; "continuous-batching": ``ContinuousBatchingPipeline``), ``method``
+("none", "draft_model", "prompt_lookup"), ``target`` / ``draft`` (OpenVINO IR directories), ``k``
+(``num_assistant_tokens``), ``max_ngram_size`` (prompt lookup), ``prefix_caching`` (null: the pipeline's default;
+true/false: ``SchedulerConfig.enable_prefix_caching``).
+
+A sampling job: ``prompt_ids``, ``seeds`` (one request per seed: OpenVINO GenAI refuses parallel sampling,
+``num_return_sequences`` > 1, with speculative decoding), ``length`` (exactly that many tokens: ``min_new_tokens``
+= ``max_new_tokens``, ``ignore_eos``), ``temperature`` (0: greedy), ``top_p``, ``top_k`` (null: off).
+Reply: ``tokens`` (one list per seed), per request the engine's own speculative counters (``counters``: see
+:func:`request_counters`), ``errors`` (the engine's message for each request it raised on, then retried once with
+the same seed), ``engine_seconds``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+def generation_config(engine: dict, job: dict, seed: int):
+    import openvino_genai as ov_genai
+
+    config = ov_genai.GenerationConfig()
+    config.max_new_tokens = config.min_new_tokens = job["length"]
+    config.ignore_eos = True
+    if job["temperature"] == 0:
+        config.do_sample = False
+    else:
+        config.do_sample = True
+        config.temperature = job["temperature"]
+        config.top_p = job["top_p"]
+        config.top_k = 0 if job["top_k"] is None else job["top_k"]  # 0: off (OpenVINO's default)
+        config.rng_seed = seed
+    if engine["method"] != "none":
+        config.num_assistant_tokens = engine["k"]
+    if engine["method"] == "prompt_lookup":
+        config.max_ngram_size = engine["max_ngram_size"]
+    return config
+
+
+def build_pipeline(engine: dict):
+    import openvino_genai as ov_genai
+
+    # fp32 compute and KV cache, like the local scorer: OpenVINO's CPU defaults are bf16 inference where the CPU
+    # has it and a u8 KV cache, which move the logits (and greedy ties) away from the fp32 target law
+    properties = {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"}
+    extra = dict(properties)
+    if engine["method"] == "draft_model":
+        extra["draft_model"] = ov_genai.draft_model(engine["draft"], "CPU", **properties)
+    if engine["method"] == "prompt_lookup":
+        extra["prompt_lookup"] = True
+    scheduler = ov_genai.SchedulerConfig()
+    if engine["prefix_caching"] is not None:  # None: the pipeline's default
+        scheduler.enable_prefix_caching = engine["prefix_caching"]
+        extra["scheduler_config"] = scheduler
+    if engine["pipeline"] == "llm":
+        return ov_genai.LLMPipeline(engine["target"], "CPU", **extra)
+    extra.pop("scheduler_config", None)
+    return ov_genai.ContinuousBatchingPipeline(engine["target"], scheduler, "CPU", extra)
+
+
+def request_counters(result, speculative: bool) -> dict:
+    """The engine's own counters of one request (``LLMPipeline``: its ``EncodedResults``' metrics): the main model's
+    tokens per inference step (``raw_metrics.m_batch_sizes``: a step that emitted b tokens accepted b − 1 drafts) and
+    the tokens the draft generated (``SDPerModelsPerfMetrics.draft_model_metrics``; −1 for prompt lookup, whose results
+carry no SD metrics: ``extended_perf_metrics`` is None)."""
+    if not speculative:
+        return {}
+    metrics = result.extended_perf_metrics
+    if metrics is None:  # prompt lookup: no draft model, no SD metrics; the main model's steps only
+        steps = [int(b) for b in result.perf_metrics.raw_metrics.m_batch_sizes]
+        return {"main_step_tokens": steps, "draft_generated": -1, "accepted": sum(b - 1 for b in steps)}
+    return {"main_step_tokens": [int(b) for b in metrics.main_model_metrics.raw_metrics.m_batch_sizes],
+            "draft_generated": int(metrics.draft_model_metrics.get_num_generated_tokens()),
+            "accepted": int(metrics.get_num_accepted_tokens())}
+
+
+def run_llm(pipe, engine: dict, job: dict, input_ids) -> dict:
+    """One ``LLMPipeline.generate`` per seed (batch 1); an exception is recorded and the request run again once."""
+    tokens, counters, errors = [], [], []
+    for seed in job["seeds"]:
+        config = generation_config(engine, job, seed)
+        try:
+            result = pipe.generate(input_ids, config)
+        except RuntimeError as exc:
+            errors.append({"seed": seed, "message": str(exc).strip().splitlines()[0]})
+            result = pipe.generate(input_ids, config)
+        tokens.append([int(t) for t in result.tokens[0]])
+        counters.append(request_counters(result, engine["method"] != "none"))
+    return {"tokens": tokens, "counters": counters, "errors": errors}
+
+
+def run_batching(pipe, engine: dict, job: dict, input_ids) -> dict:
+    """One ``ContinuousBatchingPipeline.generate`` over every seed's request; its speculative metrics are the
+    batch's (``counters``: one entry for the whole call)."""
+    configs = [generation_config(engine, job, seed) for seed in job["seeds"]]
+    errors = []
+    try:
+        results = pipe.generate([input_ids] * len(configs), configs)
+    except RuntimeError as exc:
+        errors.append({"seed": None, "message": str(exc).strip().splitlines()[0]})
+        results = pipe.generate([input_ids] * len(configs), configs)
+    tokens = [[int(t) for t in r.m_generation_ids[0]] for r in results]
+    batch = request_counters(results[0], engine["method"] != "none") if results else {}
+    return {"tokens": tokens, "counters": [batch], "errors": errors}
+
+
+def run_job(pipe, engine: dict, job: dict) -> dict:
+    import numpy as np
+    import openvino as ov
+
+    input_ids = ov.Tensor(np.array([job["prompt_ids"]], dtype=np.int64))
+    started = time.perf_counter()
+    reply = (run_llm if engine["pipeline"] == "llm" else run_batching)(pipe, engine, job, input_ids)
+    reply["engine_seconds"] = time.perf_counter() - started
+    return reply
+
+
+def main() -> int:
+    reply = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # anything the engine prints goes to stderr; the reply channel carries only JSON lines
+    engine = json.loads(sys.argv[1])
+    try:
+        pipe = build_pipeline(engine)
+    except Exception as exc:
+        reply.write(json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n")
+        return 2
+    import openvino_genai as ov_genai
+
+    reply.write(json.dumps({"ready": True, "openvino_genai_version": ov_genai.__version__}) + "\n")
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            result = run_job(pipe, engine, json.loads(line))
+        except Exception as exc:
+            result = {"error": f"{type(exc).__name__}: {exc}"}
+        reply.write(json.dumps(result) + "\n")
+    reply.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""Audit of OpenVINO GenAI on the real engine (openvino-genai 2026.4.1.0, CPU, in its own environment built by
+`make openvino` / `.ci/run`).
+
+The main environment never imports OpenVINO: a worker process of its environment holds one pipeline. The module
+skips when that environment is missing, unless $SPECDEC_LAB_OPENVINO_PYTHON names it (as `.ci/run` does): then a
+missing environment fails the module, so CI runs the engine for real.
+
+What is checked, each against the real engine:
+- the bundled pair exported to OpenVINO IR by the environment's own optimum-cli is our target: OpenVINO's greedy
+  tokens (fp32 inference and KV cache, as the adapter runs it) equal our target's argmax decode, token for token,
+  over 12 prompts × 32 tokens (with OpenVINO's CPU defaults, bf16 inference and a u8 KV cache, one of them
+  differs at a near tie);
+- speculative greedy (draft model, prompt lookup) equals OpenVINO's own plain greedy, token for token;
+- the plain row (no speculation, T = 1) is not rejected and a planted wrong law through the same adapter
+  (asked for T = 0.7, scored at T = 1) is rejected;
+- the engine's own per-request counters show token 2 drafted in every sample at L = 3 (prefix caching off);
+- the finding (docs/audit-openvino.md): with LLMPipeline's default prefix caching, sampled speculative decoding
+  raises in `Sequence::_make_hash` and the pipeline then never accepts a draft again, even greedy.
+
+Power: the negative control's first token alone has TV(p_0.7, p_1) ≈ 0.12 after "HAMLET." (see README), so at
+m = 1,500 the suite rejects with power > 0.999 at α = 1e-3; the plain row at m = 1,500 is rejected with
+probability ≤ α = 1e-3 if OpenVINO samples p exactly.
+"""
+
+import os
+
+import pytest
+import torch
+
+from specdec_lab.adapters import openvino
+from specdec_lab.audit import DEFAULT_PROMPT, LOOKUP_PROMPT, audit
+from specdec_lab.sampling import SamplingConfig
+from specdec_lab.suite import SuiteSettings
+
+SETTINGS = SuiteSettings(alpha=1e-3)
+
+try:
+    openvino.openvino_python()
+except FileNotFoundError as exc:
+    if os.environ.get(openvino.ENV_PYTHON):
+        pytest.fail(f"${openvino.ENV_PYTHON} is set but {exc}", pytrace=False)
+    pytest.skip(str(exc), allow_module_level=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def stop_workers():
+    yield
+    openvino.close_workers()
+
+
+def test_exported_ir_is_our_target(pair):
+    prompts = [DEFAULT_PROMPT, "ROMEO:\n", "To be, or not to be", LOOKUP_PROMPT, "KING.\nWhat", "First Citizen",
+               "JULIET.\nO", "Enter", "OTHELLO.\nIt is the cause", "My lord,", "Exeunt.\n\n", "What, ho!"]
+    rows = openvino.greedy_identity(pair, prompts, length=32)
+    assert all(row["identical"] for row in rows), rows
+
+
+@pytest.mark.parametrize("method", ["draft_model", "prompt_lookup"])
+def test_speculative_greedy_equals_plain_greedy(pair, method):
+    check = openvino.greedy_check(method, pair.encode(LOOKUP_PROMPT), 24)
+    assert check["identical"], check
+
+
+def test_plain_row_equivalent_and_planted_wrong_law_rejected(pair, tmp_path):
+    plain = audit(pair, openvino.OpenvinoConfig(method="none", progress=False), 1500, 3, tmp_path / "plain.parquet",
+                  settings=SETTINGS, progress=False)
+    assert plain.suite.verdict != "rejected", plain.summary()
+    assert plain.summary()["engine errors"] == 0
+    wrong = audit(pair, openvino.OpenvinoConfig(method="none", sampling=SamplingConfig(temperature=0.7),
+                                                progress=False),
+                  1500, 3, tmp_path / "wrong.parquet", scored_at=SamplingConfig(temperature=1.0),
+                  expected="negative control", settings=SETTINGS, progress=False)
+    assert wrong.verdict == "rejected", wrong.summary()
+
+
+def test_counters_show_token_two_drafted(pair):
+    config = openvino.OpenvinoConfig(method="draft_model", prefix_caching=False, progress=False)
+    result = config.draw(pair, pair.encode(DEFAULT_PROMPT), 300, 3, torch.Generator().manual_seed(0))
+    stats = result.stats
+    assert stats["engine_errors"] == 0
+    assert stats["drafted@2"] == 300  # every request's step after token 1 carried a candidate for token 2
+    assert 0.5 < stats["accepted@2"] / 300 < 0.95, stats  # α = 0.75 at T = 1 (docs/models.md): often, not always
+
+
+def test_finding_default_prefix_caching_breaks_sampled_speculation(pair):
+    """LLMPipeline with a draft model and its default prefix caching: sampled requests raise in
+    Sequence::_make_hash (sequence_group.cpp), and after that no draft is ever accepted, greedy included."""
+    engine = openvino.worker(openvino.engine_settings("draft_model"))
+    prompt = pair.encode(DEFAULT_PROMPT)
+    sampled = engine.ask(openvino.job(prompt, list(range(40)), 8, SamplingConfig()), close_on_error=False)
+    assert sampled["errors"], "no request raised"
+    assert "content_length <= prompt_ids.size() + m_generated_ids.size()" in sampled["errors"][0]["message"]
+    greedy = engine.ask(openvino.job(prompt, [0, 1, 2], 8, SamplingConfig(temperature=0.0)))
+    assert all(c["accepted"] == 0 for c in greedy["counters"]), greedy["counters"]
+    fresh = openvino.Worker(openvino.engine_settings("draft_model"))  # the same settings, never sampled
+    try:
+        reply = fresh.ask(openvino.job(prompt, [0], 8, SamplingConfig(temperature=0.0)))
+        assert reply["counters"][0]["accepted"] > 0, reply["counters"]
+    finally:
+        fresh.close()
+
+
+def test_bad_settings_are_clear_errors():
+    with pytest.raises(ValueError, match="unknown OpenVINO GenAI method 'eagle'"):
+        openvino.OpenvinoConfig(method="eagle")
+    with pytest.raises(ValueError, match="unknown OpenVINO GenAI pipeline"):
+        openvino.OpenvinoConfig(pipeline="batched")
