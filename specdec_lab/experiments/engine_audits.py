@@ -67,7 +67,9 @@ def llama_server_audits(pair, n: int, length: int, out, seed: int = 13) -> pd.Da
 
 
 def engine_missing(engine: str) -> str | None:
-    """Why ``engine`` ("vllm" or "llama.cpp") cannot run on this machine, or None when it is built.
+    """Why ``engine`` ("vllm", "llama.cpp", "openvino" or "ortgenai") cannot run on this machine, or None when
+    it is built (OpenVINO GenAI and ONNX Runtime GenAI: ``make openvino``, ``make ortgenai``, or the per-machine
+    caches ``.ci/run`` builds).
 
     vLLM runs from its own environment (``make vllm``; ``$SPECDEC_LAB_VLLM_PYTHON`` points at another one, as
     ``make test``, ``make notebooks``, ``make notebooks-render`` and ``make browser`` do for the per-machine cache);
@@ -85,8 +87,16 @@ def engine_missing(engine: str) -> str | None:
             if not llamacpp.converter_dir().exists():
                 raise FileNotFoundError(f"llama.cpp's GGUF converter is missing ({llamacpp.converter_dir()}); "
                                         "run `make .venv/.audit-installed` (part of `make test`)")
+        elif engine == "openvino":
+            from specdec_lab.adapters import openvino
+
+            openvino.openvino_python()
+        elif engine == "ortgenai":
+            from specdec_lab.adapters import ortgenai
+
+            ortgenai.ortgenai_python()
         else:
-            raise ValueError(f"unknown engine {engine!r}; valid: vllm, llama.cpp")
+            raise ValueError(f"unknown engine {engine!r}; valid: vllm, llama.cpp, openvino, ortgenai")
     except FileNotFoundError as missing:
         return f"{engine} is not built on this machine, so its section is skipped: {missing}"
     return None
@@ -109,6 +119,43 @@ def vllm_audits(pair, n: int, length: int, seed: int = 11) -> pd.DataFrame:
              AuditCase(vllm.VllmOfflineConfig("none", SamplingConfig(temperature=0.7), progress=False),
                        scored_at=SamplingConfig(), expected="negative control", prompt=prompt)]
     return run_audits(pair, cases, n, length, work_dir(), seed=seed, progress=False)
+
+
+def openvino_audits(pair, n: int, seed: int = 17) -> pd.DataFrame:
+    """OpenVINO GenAI (``LLMPipeline``, in its own environment) on the bundled pair at L = 3 (it drafts from token 3
+    on, so the window holds drafted tokens): without speculation, with its draft model (K = 4, prefix caching off:
+    with it on, a sampled speculative request crashes the pipeline, docs/audit-openvino.md), and the negative control
+    (no speculation, asked for T = 0.7, scored at T = 1)."""
+    from specdec_lab.adapters import openvino
+    from specdec_lab.audit import AuditCase, run_audits
+    from specdec_lab.sampling import SamplingConfig
+
+    cases = [AuditCase(openvino.OpenvinoConfig("none", progress=False)),
+             AuditCase(openvino.OpenvinoConfig("draft_model", k=4, prefix_caching=False, progress=False)),
+             AuditCase(openvino.OpenvinoConfig("none", sampling=SamplingConfig(temperature=0.7), progress=False),
+                       scored_at=SamplingConfig(), expected="negative control")]
+    try:
+        return run_audits(pair, cases, n, 3, work_dir(), seed=seed, progress=False)
+    finally:
+        openvino.close_workers()
+
+
+def ortgenai_audits(pair, n: int, seed: int = 19) -> pd.DataFrame:
+    """ONNX Runtime GenAI (in its own environment) on the bundled pair at L = 2 (its draft model drafts from
+    token 1): without speculation, with its draft model (K = 4), and the negative control (no speculation,
+    asked for T = 0.7, scored at T = 1)."""
+    from specdec_lab.adapters import ortgenai
+    from specdec_lab.audit import AuditCase, run_audits
+    from specdec_lab.sampling import SamplingConfig
+
+    cases = [AuditCase(ortgenai.OrtGenaiConfig("none", progress=False)),
+             AuditCase(ortgenai.OrtGenaiConfig("draft_model", k=4, progress=False)),
+             AuditCase(ortgenai.OrtGenaiConfig("none", sampling=SamplingConfig(temperature=0.7), progress=False),
+                       scored_at=SamplingConfig(), expected="negative control")]
+    try:
+        return run_audits(pair, cases, n, 2, work_dir(), seed=seed, progress=False)
+    finally:
+        ortgenai.close_workers()
 
 
 def all_audits(*tables) -> pd.DataFrame:
