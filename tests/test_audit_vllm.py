@@ -230,7 +230,7 @@ def test_drafted_token_two_bounded_and_fixed_by_our_patch(pair, tmp_path):
         results[patch] = audit(pair, sampler, 1500, 2, tmp_path / f"draft-{patch}.parquet", prompt=DEFAULT_PROMPT,
                                seed=4, settings=SETTINGS, progress=False)
     for result in results.values():
-    XX
+        assert result.drafting.position == 2 and result.drafting.share == 1.0, result.summary()["drafted share"]
     shipped, fixed = results[None], results["vllm-cpu-expand"]
     assert shipped.verdict == "rejected" and "first token" not in " ".join(shipped.suite.rejected_by)
     assert fixed.suite.verdict != "rejected", fixed.summary()
