@@ -383,7 +383,8 @@ def add_audit_parser(sub) -> None:
     vl.add_argument("--head", default=None, help="Medusa/EAGLE/EAGLE-3 head directory in vLLM's layout")
     vl.add_argument("--n-per-request", type=int, default=8, help="vLLM's n (completions per request)")
     vl.add_argument("--job-size", type=int, default=2048,
-                    help="samples per LLM.generate call (smaller: fewer prompt tokens per step)")
+                    help="samples per LLM.generate call at most (fewer for long prompts, so that no seeded prefill "
+                         "is split across engine steps: vLLM's CPU build crashes on it)")
     vl.add_argument("--patch", default=None, choices=["vllm-cpu-expand"],
                     help="opt-in fix of ours applied inside the worker (specdec_lab/patches; the installed vLLM files "
                          "stay as they are): vllm-cpu-expand gives the CPU expand_batch_to_tokens a float path")

@@ -235,3 +235,18 @@ def test_drafted_token_two_bounded_and_fixed_by_our_patch(pair, tmp_path):
     assert shipped.verdict == "rejected" and "first token" not in " ".join(shipped.suite.rejected_by)
     assert fixed.suite.verdict != "rejected", fixed.summary()
     assert fixed.summary()["implementation"].endswith("+ our vllm-cpu-expand fix")
+
+
+def test_seeded_long_prompt_jobs_fit_one_prefill_step(pair, tmp_path):
+    """vLLM 0.32's CPU runner crashes ("CPU Generator does not use offset") when a seeded request's prefill is split
+    across engine steps (docs/repro/vllm_cpu_seeded_chunked_prefill.py). The lookup prompt (38 tokens) × 8
+    completions × 256 samples is 9,728 prompt tokens, over the 4,096 a step prefills: the adapter's jobs must keep
+    every prefill whole, so n-gram speculation on it runs (it crashed with jobs of 2,048 samples)."""
+    from specdec_lab.audit import LOOKUP_PROMPT
+
+    prompt = pair.encode(LOOKUP_PROMPT)
+    assert len(prompt) * 8 * 32 > vllm_adapter.PREFILL_BUDGET  # the old job (32 requests) split a prefill
+    result = audit(pair, vllm_adapter.VllmOfflineConfig("ngram", progress=False), 256, 2,
+                   tmp_path / "ngram.parquet", prompt=LOOKUP_PROMPT, seed=1, settings=SETTINGS, progress=False)
+    assert result.suite.m == 256
+    assert result.drafting.position == 2 and result.drafting.share >= 0.5, result.summary()["drafted share"]

@@ -76,6 +76,11 @@ EAGLE_DIR = BUNDLED_DIR / "eagle"  # already in vLLM's EagleLlamaForCausalLM lay
 EAGLE3_DIR = BUNDLED_DIR / "eagle3"  # already in vLLM's Eagle3LlamaForCausalLM layout
 MAX_MODEL_LEN = 512
 MEMORY_SHARE = 0.05
+# vLLM 0.32's prompt tokens per engine step on the CPU (max_num_batched_tokens, chunked prefill on). A step whose new
+# prompts exceed it prefills the last one in part, and for a seeded request the model runner then rewinds a CUDA
+# generator offset that a CPU torch.Generator does not have: "CPU Generator does not use offset"
+# (docs/repro/vllm_cpu_seeded_chunked_prefill.py). So a job never holds more prompt tokens than this.
+PREFILL_BUDGET = 4096
 AUDIT_FLAGS = ["--dtype", "float32", "--enforce-eager", "--generation-config", "vllm", "--seed", "0"]
 
 
@@ -254,8 +259,7 @@ class VllmOfflineConfig:
     n_per_request: int = 8
     progress: bool = True
     patch: str | None = None  # an opt-in fix of ours applied in the worker (specdec_lab.patches.PATCHES), or None
-    # samples per LLM.generate call (vLLM 0.32's CPU engine can die with "CPU Generator does not use offset" when it
-    # discards a seeded request's sampled token, e.g. after a prefill split across steps: docs/audit-vllm.md)
+    # samples per LLM.generate call at most (fewer for long prompts: see job_requests)
     job_size: int = 2048
 
     def __post_init__(self) -> None:
@@ -296,14 +300,35 @@ def job(prompt: torch.Tensor, seeds: list[int], n_per_request: int, length: int,
             "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k}
 
 
+def job_requests(prompt_tokens: int, n_per_request: int, chunk: int, budget: int = PREFILL_BUDGET) -> int:
+    """Requests per ``LLM.generate`` call: at most ``chunk`` samples, and all of their prompts prefilled in one engine
+    step (``n_per_request × prompt_tokens`` per request within vLLM's ``budget``), so that no seeded request's
+    prefill is split across steps (vLLM 0.32's CPU runner crashes on it: :data:`PREFILL_BUDGET`).
+
+    >>> job_requests(3, 8, 2048), job_requests(38, 8, 2048), job_requests(38, 8, 64)
+    (170, 13, 8)
+    >>> job_requests(600, 8, 2048)
+    Traceback (most recent call last):
+    ...
+    ValueError: one request of 8 completions of a 600-token prompt needs 4800 prompt tokens in one step; vLLM's CPU engine prefills at most 4096 per step and crashes on a seeded request split across steps: lower n_per_request
+    """
+    per_request = n_per_request * prompt_tokens
+    if per_request > budget:
+        raise ValueError(f"one request of {n_per_request} completions of a {prompt_tokens}-token prompt needs "
+                         f"{per_request} prompt tokens in one step; vLLM's CPU engine prefills at most {budget} per "
+                         "step and crashes on a seeded request split across steps: lower n_per_request")
+    return max(1, min(chunk // n_per_request, budget // per_request))
+
+
 def sample_offline(prompt: torch.Tensor, n: int, length: int, config: VllmOfflineConfig,
                    generator: torch.Generator, chunk: int = 2048) -> SampleResult:
-    """Draw ``n`` continuations of exactly ``length`` tokens from the offline engine (jobs of ≤ ``chunk``)."""
+    """Draw ``n`` continuations of exactly ``length`` tokens from the offline engine (jobs of ≤ ``chunk`` samples,
+    whose prompts fit one engine step: :func:`job_requests`)."""
     check_request(prompt, n, length)
+    per_job = job_requests(len(prompt), config.n_per_request, chunk)
     engine = worker(config.engine)
     requests = -(-n // config.n_per_request)
     seeds = lattice_seeds(generator, requests, config.n_per_request)
-    per_job = max(1, chunk // config.n_per_request)
     rows, totals = [], {}
     bar = tqdm(total=n, desc=f"vLLM {config.method}", unit="samples", leave=False, disable=not config.progress)
     for start in range(0, requests, per_job):
