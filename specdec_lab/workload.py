@@ -49,7 +49,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -703,7 +703,8 @@ def read_counters(base_url: str) -> dict:
 def audit_workload(pair, workload: Workload, run: WorkloadRun) -> dict:
     """Run (or resume) the workload against ``run.base_url`` and judge every cell.
 
-    Returns ``{"results": [CellResult], "table": DataFrame, "summary": str, "counters": dict, "seconds": float}``.
+    Returns ``{"results": [CellResult], "table": DataFrame, "summary": str, "counters": dict, "seconds": float,
+    "frames": {cell name: its rows}}``.
     """
     laws = LawBook(pair, ENGINES[run.engine].order)
     for cell in workload.cells:  # refuse prompts the server would tokenize differently, before any request
@@ -719,7 +720,7 @@ def audit_workload(pair, workload: Workload, run: WorkloadRun) -> dict:
     final_verdicts(results, run.suite)
     table = pd.DataFrame([r.row() for r in results])
     return {"results": results, "table": table, "summary": summary_line(results), "counters": counters,
-            "seconds": seconds}
+            "seconds": seconds, "frames": frames}
 
 
 # ------------------------------------------------------------------------------------------ two-sample mode
@@ -756,3 +757,142 @@ def two_sample_results(workload: Workload, frames: dict, reference: dict, settin
             else "equivalent" if r["TV upper 99%"] <= settings.tolerance else "inconclusive"
             for _, r in table.iterrows()]
     return table
+
+
+# ------------------------------------------------------------------------------------------ command line
+
+BUNDLED = {  # --serve-bundled ENGINE -> (llama-server model alias, its reference without speculation)
+    "llama-server": ("target-draft", "target-nodraft"),
+}
+SERVE_PARALLEL = 4  # llama-server slots (-np): continuous batching of four sequences
+SERVE_BATCH = 128  # llama-server's prefill chunk (-b/-ub); the default workload's long prompts exceed it
+
+
+def add_workload_parser(kinds) -> None:
+    """``specdec-lab audit workload``."""
+    from specdec_lab.models import add_pair_arguments
+
+    w = kinds.add_parser("workload", help="a live server under production traffic: mixed concurrent cells, "
+                                          "per-cell verdicts (specdec_lab/workload.py)")
+    where = w.add_mutually_exclusive_group(required=True)
+    where.add_argument("--base-url", help="the server under audit, e.g. http://127.0.0.1:8080")
+    where.add_argument("--serve-bundled", choices=sorted(BUNDLED),
+                       help=f"start it on loopback: llama-server with the bundled draft (K=4), -np {SERVE_PARALLEL}, "
+                            f"-b/-ub {SERVE_BATCH} (`make llama-cpp` builds it)")
+    w.add_argument("--reference-url", default=None,
+                   help="two-sample mode: the same engine without speculation ('bundled' with --serve-bundled: "
+                        "start it); each cell compares the two servers' samples")
+    w.add_argument("--workload", type=Path, default=None, help=f"YAML/JSON workload (default: {DEFAULT_WORKLOAD.name}, "
+                                                              "bundled)")
+    w.add_argument("--samples", type=int, default=400, help="samples per cell (choices)")
+    w.add_argument("--out", type=Path, required=True, help="folder of the per-cell parquet files (resumes)")
+    w.add_argument("--model", default=None, help="the request's model field (default: the served alias, or target)")
+    w.add_argument("--engine", default="llama.cpp", choices=sorted(ENGINES),
+                   help="request dialect and sampler order of the server (the exact law follows its order)")
+    w.add_argument("--speculative", choices=["yes", "no", "unknown"], default="unknown",
+                   help="does the server speculate? 'no': no drafting required for 'equivalent' (--serve-bundled "
+                        "sets it)")
+    w.add_argument("--concurrency", type=int, default=8, help="requests in flight")
+    w.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
+    w.add_argument("--retries", type=int, default=3, help="retries of transport errors (never of HTTP errors)")
+    w.add_argument("--tolerance", type=float, default=0.02, help="ε: a cell is equivalent when its TV bound is <= ε")
+    w.add_argument("--alpha", type=float, default=0.01, help="level of the Holm step across cells")
+    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--plan", action="store_true",
+                   help="print each cell's planned m (the samples at which a correct server's bound reaches ε with "
+                        "probability 0.999) and exit")
+    w.add_argument("--quiet", action="store_true")
+    add_pair_arguments(w)
+    w.set_defaults(func=cmd_workload)
+
+
+def plan_cells(laws: LawBook, workload: Workload, tolerance: float, seed: int = 0) -> pd.DataFrame:
+    """Per cell: m at which a correct server's TV bound is <= ``tolerance`` with probability 0.999
+    (:func:`stats.plan_bound_by_simulation` on the cell's exact law; greedy cells: the Clopper–Pearson m)."""
+    rows = []
+    for cell in workload.cells:
+        if cell.greedy and not cell.stop:
+            m = math.ceil(math.log(0.01) / math.log(1 - tolerance))
+        else:
+            law = laws.stop_outcomes(cell)[1] if cell.stop else laws.joint(cell)
+            m = stats.plan_bound_by_simulation(law[law > 0], tolerance, rng=np.random.default_rng(seed))
+        rows.append({"cell": cell.name, "settings": cell.label(), "m planned": m})
+    return pd.DataFrame(rows)
+
+
+def _print_table(table: pd.DataFrame) -> None:
+    with pd.option_context("display.width", 250, "display.max_columns", 30, "display.max_colwidth", 60):
+        print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+
+
+def cmd_workload(args) -> int:
+    """Run the workload audit; exit 0 when no cell is rejected, 1 when any is, 2 for usage or input errors."""
+    import contextlib
+
+    from specdec_lab.models import pair_from_args
+
+    workload = load_workload(args.workload)  # validated before anything touches the disk
+    if args.samples < 1 or args.concurrency < 1 or not 0 < args.tolerance < 1 or not 0 < args.alpha < 1:
+        raise ValueError("need --samples >= 1, --concurrency >= 1, 0 < --tolerance < 1 and 0 < --alpha < 1")
+    if args.reference_url == "bundled" and not args.serve_bundled:
+        raise ValueError("--reference-url bundled needs --serve-bundled")
+    pair = pair_from_args(args)
+    suite = SuiteSettings(alpha=args.alpha, tolerance=args.tolerance, joint_tolerance=args.tolerance, n_resamples=2000)
+    if args.plan:
+        _print_table(plan_cells(LawBook(pair, ENGINES[args.engine].order), workload, args.tolerance, args.seed))
+        return 0
+    client = ClientSettings(args.concurrency, args.timeout, args.retries, progress=not args.quiet)
+    with contextlib.ExitStack() as stack:
+        base_url, reference_url, speculative = args.base_url, args.reference_url, args.speculative != "no"
+        model = args.model or "target"
+        if args.serve_bundled:
+            from specdec_lab.adapters import llamacpp
+
+            alias, reference_alias = BUNDLED[args.serve_bundled]
+            served = stack.enter_context(llamacpp.bundled_server(model=alias, parallel=SERVE_PARALLEL,
+                                                                 batch=SERVE_BATCH))
+            base_url, model, speculative = served.base_url, args.model or alias, True
+            print(f"serving {llamacpp.server_label(alias)} at {base_url}: -np {SERVE_PARALLEL}, -b/-ub {SERVE_BATCH}",
+                  flush=True)
+            if reference_url == "bundled":
+                reference = stack.enter_context(llamacpp.bundled_server(model=reference_alias,
+                                                                        parallel=SERVE_PARALLEL, batch=SERVE_BATCH))
+                reference_url = reference.base_url
+        run = WorkloadRun(base_url, args.out, args.samples, model, args.engine, args.seed, speculative, client,
+                          suite=suite)
+        print(f"workload {workload.name!r}: {len(workload.cells)} cells in {len(workload.groups())} group(s), "
+              f"{args.samples} samples each, {args.concurrency} requests in flight", flush=True)
+        found = audit_workload(pair, workload, run)
+        reference_frames = None
+        if reference_url:
+            ref_run = replace(run, base_url=reference_url, out=args.out / "reference", speculative=False,
+                              model=args.model or "target-nodraft" if args.serve_bundled else model)
+            reference_frames = collect_workload(pair, workload, ref_run, ref_run.out)
+    table = found["table"]
+    _print_table(table)
+    table.to_csv(args.out / "verdicts.csv", index=False)
+    for r in found["results"]:
+        if r.verdict == "rejected":
+            print(f"  {r.cell.name}: rejected by {r.rejected_by} (Holm p = {r.holm_p:.3g})")
+        if r.errors and r.refused is None:
+            print(f"  {r.cell.name}: {r.errors} of {r.requests} requests failed, e.g. {r.error_example}")
+    counters = found["counters"]
+    if counters.get("verify_steps") is not None:
+        print(f"server counters over the run: {int(counters.get('verify_steps', 0))} verification steps, "
+              f"{int(counters.get('draft_tokens', 0))} draft tokens, {int(counters.get('accepted_tokens', 0))} accepted")
+    samples = sum(r.m for r in found["results"])
+    print(f"collection: {found['seconds']:.1f} s, {samples / found['seconds']:.1f} samples/s (wall time; this "
+          "call's requests only)")
+    if reference_frames is not None:
+        two = two_sample_results(workload, found["frames"], reference_frames, suite, pair.vocab_size,
+                                 np.random.default_rng(args.seed))
+        print("\ntwo-sample mode: each cell's samples against the reference server's")
+        _print_table(two)
+        two.to_csv(args.out / "two-sample.csv", index=False)
+    line = found["summary"]
+    (args.out / "summary.txt").write_text(line + "\n")
+    print(line)
+    if all(r.m == 0 for r in found["results"]):
+        print("error: no cell got a sample (is the server up? see the errors above)")
+        return 2
+    return 1 if any(r.verdict == "rejected" for r in found["results"]) else 0
