@@ -668,8 +668,9 @@ def collect_workload(pair, workload: Workload, run: WorkloadRun, folder: Path) -
     wanted = {c.name: math.ceil(run.samples / c.n) for c in workload.cells}
     missing = {c.name: sorted(set(range(wanted[c.name])) - set(done[c.name]["request"].tolist()))
                for c in workload.cells}
-    refused: set[str] = set()
     successes = {name: int((frame["status"] == 200).sum()) for name, frame in done.items()}
+    refused = {name for name, frame in done.items()  # refused in an earlier run: not asked again
+               if len(frame) and successes[name] == 0 and (frame["status"] >= 400).all()}
 
     def on_outcome(outcome: Outcome) -> None:
         name = outcome.job.key
