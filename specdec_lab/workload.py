@@ -61,7 +61,7 @@ import torch
 from specdec_lab import __version__, stats
 from specdec_lab import drafting as drafting_
 from specdec_lab.adapters.endpoint import LLAMA_SERVER_NEUTRAL, TokenMap, choice_tokens, server_counters
-from specdec_lab.adapters.workload_client import ClientSettings, Job, Outcome, get_text, run_jobs
+from specdec_lab.adapters.workload_client import ClientSettings, Job, Outcome, get_text, load_loop, run_jobs
 from specdec_lab.sampling import ChainConfig, SamplingConfig, chain_probs
 from specdec_lab.suite import SuiteSettings, run_suite, scores_from_law, two_token_logits
 
@@ -724,6 +724,26 @@ def audit_workload(pair, workload: Workload, run: WorkloadRun) -> dict:
             "seconds": seconds, "frames": frames}
 
 
+def throughput(pair, workload: Workload, run: WorkloadRun) -> dict:
+    """Requests/s of the plain load loop (:func:`load_loop`: POST, nothing kept) and of the audit's collection
+    (:func:`collect_workload`: the same requests, token mapping, parquet parts) at the same concurrency against the
+    same server, in the order plain, audit, plain (the plain rate is the mean of the two, so a server warming up
+    or slowing down does not favour either). ``run.out`` must hold no samples (the audit would resume)."""
+    requests = {c.name: list(range(math.ceil(run.samples / c.n))) for c in workload.cells}
+    bodies = [job.body for job in interleaved_jobs(workload, requests, run.engine, run.model, run.seed)]
+    if any((run.out / "cells").glob("*/part-*.parquet")):
+        raise ValueError(f"{run.out} already holds samples; the benchmark needs an empty folder")
+    before = load_loop(run.base_url, bodies, run.client.concurrency, run.client.timeout)
+    started = time.monotonic()
+    collect_workload(pair, workload, run, run.out)
+    audit_seconds = time.monotonic() - started
+    after = load_loop(run.base_url, bodies, run.client.concurrency, run.client.timeout)
+    plain = 2 * len(bodies) / (before["seconds"] + after["seconds"])
+    audit = len(bodies) / audit_seconds
+    return {"requests": len(bodies), "concurrency": run.client.concurrency, "plain requests/s": plain,
+            "audit requests/s": audit, "ratio": audit / plain, "plain errors": before["errors"] + after["errors"]}
+
+
 # ------------------------------------------------------------------------------------------ two-sample mode
 
 
@@ -764,6 +784,7 @@ def two_sample_results(workload: Workload, frames: dict, reference: dict, settin
 
 BUNDLED = {  # --serve-bundled ENGINE -> (llama-server model alias, its reference without speculation)
     "llama-server": ("target-draft", "target-nodraft"),
+    "llama-server-nodraft": ("target-nodraft", "target-nodraft"),  # the same server without speculation
 }
 SERVE_PARALLEL = 4  # llama-server slots (-np): continuous batching of four sequences
 SERVE_BATCH = 128  # llama-server's prefill chunk (-b/-ub); the default workload's long prompts exceed it
@@ -779,7 +800,8 @@ def add_workload_parser(kinds) -> None:
     where.add_argument("--base-url", help="the server under audit, e.g. http://127.0.0.1:8080")
     where.add_argument("--serve-bundled", choices=sorted(BUNDLED),
                        help=f"start it on loopback: llama-server with the bundled draft (K=4), -np {SERVE_PARALLEL}, "
-                            f"-b/-ub {SERVE_BATCH} (`make llama-cpp` builds it)")
+                            f"-b/-ub {SERVE_BATCH} (`make llama-cpp` builds it); llama-server-nodraft: the same "
+                            "without speculation (the confirmation run)")
     w.add_argument("--reference-url", default=None,
                    help="two-sample mode: the same engine without speculation ('bundled' with --serve-bundled: "
                         "start it); each cell compares the two servers' samples")
@@ -802,6 +824,9 @@ def add_workload_parser(kinds) -> None:
     w.add_argument("--plan", action="store_true",
                    help="print each cell's planned m (the samples at which a correct server's bound reaches ε with "
                         "probability 0.999) and exit")
+    w.add_argument("--bench", action="store_true",
+                   help="throughput only: the audit's requests/s against a plain load loop's (same requests, same "
+                        "concurrency, same server; order plain, audit, plain); no verdicts")
     w.add_argument("--quiet", action="store_true")
     add_pair_arguments(w)
     w.set_defaults(func=cmd_workload)
@@ -852,7 +877,7 @@ def cmd_workload(args) -> int:
             alias, reference_alias = BUNDLED[args.serve_bundled]
             served = stack.enter_context(llamacpp.bundled_server(model=alias, parallel=SERVE_PARALLEL,
                                                                  batch=SERVE_BATCH))
-            base_url, model, speculative = served.base_url, args.model or alias, True
+            base_url, model, speculative = served.base_url, args.model or alias, alias == "target-draft"
             print(f"serving {llamacpp.server_label(alias)} at {base_url}: -np {SERVE_PARALLEL}, -b/-ub {SERVE_BATCH}",
                   flush=True)
             if reference_url == "bundled":
@@ -861,6 +886,10 @@ def cmd_workload(args) -> int:
                 reference_url = reference.base_url
         run = WorkloadRun(base_url, args.out, args.samples, model, args.engine, args.seed, speculative, client,
                           suite=suite)
+        if args.bench:
+            bench = throughput(pair, workload, run)
+            print(" | ".join(f"{k}: {v:.3g}" if isinstance(v, float) else f"{k}: {v}" for k, v in bench.items()))
+            return 0
         print(f"workload {workload.name!r}: {len(workload.cells)} cells in {len(workload.groups())} group(s), "
               f"{args.samples} samples each, {args.concurrency} requests in flight", flush=True)
         found = audit_workload(pair, workload, run)
