@@ -256,7 +256,8 @@ def chain_probs(logits: torch.Tensor, config: ChainConfig, context_counts: torch
     >>> cfg = ChainConfig(SamplingConfig(temperature=2.0, top_p=0.6), order="llama.cpp")
     >>> [round(x, 4) for x in chain_probs(torch.tensor([2.0, 1.0, 0.0]), cfg).tolist()]  # top-p on the T=1 law
     [1.0, 0.0, 0.0]
-    >>> [round(x, 4) for x in chain_probs(torch.tensor([2.0, 1.0, 0.0]), ChainConfig(cfg.sampling, order="hf")).tolist()]
+    >>> hf = ChainConfig(cfg.sampling, order="hf")  # top-p on the tempered law
+    >>> [round(x, 4) for x in chain_probs(torch.tensor([2.0, 1.0, 0.0]), hf).tolist()]
     [0.6225, 0.3775, 0.0]
     """
     s = config.sampling

@@ -20,11 +20,14 @@ law is computed per first token x1: the penalties at position 2 count the prompt
 last ``repeat_last_n`` = 64 tokens of prompt + x1, all three penalties; vLLM: repetition over prompt + x1,
 presence/frequency over x1 alone; :data:`specdec_lab.sampling.PENALTY_SCOPES`).
 
-A **stop-string** cell asks for 2 tokens and bounds the law of what the client sees: the text of tokens 1–2
-cut before the first occurrence of the stop string (or an end-of-text token), with whether it stopped — the
-exact law is the push-forward of the joint law of tokens 1–2 through that map. A **greedy** (T = 0) cell's
-law is a point mass: any other output is impossible (rejected), and m outputs all equal to it bound the TV
-by 1 − (1 − confidence)^(1/m).
+A **text** cell — one with a stop string, or one without logprobs (whose replies carry no token ids, and
+whose text may split into tokens in several ways: dropping those would condition the law) — asks for 2 tokens
+and bounds the law of what the client sees: the text of tokens 1–2, cut before the first occurrence of a stop
+string (or an end-of-text token), with whether it stopped; the exact law is the push-forward of the joint law
+of tokens 1–2 through that map. At 2 tokens llama-server does not draft, so a text cell tests the request path
+under mixed batching, not speculation (its verdict is at best *inconclusive (drafting not exercised)*).
+A **greedy** (T = 0) cell's law is a point mass: any other output is impossible (rejected), and m outputs all
+equal to it bound the TV by 1 − (1 − confidence)^(1/m).
 
 Verdicts
 --------
@@ -40,8 +43,9 @@ errors are retried, with backoff).
 Two-sample mode (``--reference-url``): the same requests go to a second server (the same engine without
 speculation); each cell compares the two servers' samples of tokens 1–2 with
 :func:`specdec_lab.stats.closeness_two_sample` (Holm across cells) and bounds TV between the two laws by
-TV̂ + √(ln(1/δ)(1/m₁ + 1/m₂)/2) (McDiarmid: TV̂ between the two empirical laws is ≥ TV in expectation and moves
-by ≤ 1/mᵢ per sample), which needs no exact law and so far more samples.
+TV̂ + √(ln(1/δ)(1/m₁ + 1/m₂)/2) (McDiarmid: TV̂ between the two empirical laws is ≥ TV in expectation and
+moves by ≤ 1/mᵢ per sample; the two samples must be independent, so the reference run uses other seeds),
+which needs no exact law and so far more samples.
 """
 
 from __future__ import annotations
@@ -119,6 +123,15 @@ class Cell:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def observes_text(self) -> bool:
+        """A stop string, or no logprobs (so no token ids): the cell bounds the text of tokens 1–2."""
+        return bool(self.stop) or not self.logprobs
+
+    def request_tokens(self, max_tokens: int) -> int:
+        """Tokens asked per request: 2 for a text cell (its law is that of tokens 1–2), else the workload's."""
+        return BOUNDED_LENGTH if self.observes_text else max_tokens
 
     def describe(self) -> dict:
         return {**asdict(self), "stop": list(self.stop)}
@@ -204,15 +217,17 @@ def _check_cell(raw, where: str) -> Cell:
     for key in ("seeded", "logprobs"):
         if key in values and not isinstance(values[key], bool):
             raise WorkloadError(f"{where}.{key}: must be true or false, got {values[key]!r}")
-    if "n" in values and (isinstance(values["n"], bool) or not isinstance(values["n"], int) or not 1 <= values["n"] <= 64):
-        raise WorkloadError(f"{where}.n: must be an integer in [1, 64], got {values['n']!r}")
+    n = values.get("n", 1)
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 64:
+        raise WorkloadError(f"{where}.n: must be an integer in [1, 64], got {n!r}")
     if "group" in values and (not isinstance(values["group"], str) or not values["group"]):
         raise WorkloadError(f"{where}.group: must be a non-empty string, got {values['group']!r}")
     if "stop" in values:
         stop = values["stop"]
         stop = [stop] if isinstance(stop, str) else stop
         if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 4:
-            raise WorkloadError(f"{where}.stop: must be a non-empty string or a list of at most 4, got {values['stop']!r}")
+            raise WorkloadError(f"{where}.stop: must be a non-empty string or a list of at most 4, "
+                                f"got {values['stop']!r}")
         values["stop"] = tuple(stop)
     return Cell(**values)
 
@@ -293,7 +308,7 @@ def request_body(cell: Cell, engine: str, model: str, max_tokens: int, seed: int
     (5, 1.2, 7, ['\\n'], 0.0)
     """
     profile = ENGINES[engine]
-    max_tokens = BOUNDED_LENGTH if cell.stop else max_tokens
+    max_tokens = cell.request_tokens(max_tokens)
     body = {**dict(profile.neutral), "model": model, "prompt": cell.prompt, "max_tokens": max_tokens,
             "temperature": cell.temperature, "top_p": cell.top_p, "top_k": cell.top_k or 0, "min_p": cell.min_p,
             "presence_penalty": cell.presence_penalty, "frequency_penalty": cell.frequency_penalty,
@@ -309,7 +324,8 @@ def request_body(cell: Cell, engine: str, model: str, max_tokens: int, seed: int
 
 
 def request_seed(run_seed: int, cell_index: int, request: int) -> int:
-    """Distinct uint32 seeds: one block of 2^24 per cell (distinct across cells and requests of one run).
+    """Distinct uint32 seeds: one block of 2^24 per cell (distinct across cells and requests of one run; runs of
+    other ``run_seed`` start their blocks elsewhere).
 
     >>> request_seed(0, 0, 5), request_seed(0, 1, 0) - request_seed(0, 0, 0)
     (5, 16777216)
@@ -328,7 +344,9 @@ def interleaved_jobs(workload: Workload, requests: dict[str, list[int]], engine:
             for cell in cells:
                 if k < len(requests[cell.name]):
                     r = requests[cell.name][k]
-                    seed = request_seed(run_seed, index_of[cell.name], r) if cell.seeded else None
+                    # seeds spaced by n: llama-server (server-task.h add_child) and vLLM seed a request's choice k
+                    # with seed + k, so consecutive seeds would make request r's choice k request r + k's choice 0
+                    seed = request_seed(run_seed, index_of[cell.name], r * cell.n) if cell.seeded else None
                     jobs.append(Job(cell.name, r, request_body(cell, engine, model, workload.max_tokens, seed)))
     return jobs
 
@@ -342,12 +360,13 @@ SCHEMA = pa.schema([("request", pa.int64()), ("choice", pa.int64()), ("seed", pa
 
 
 def cell_meta(cell: Cell, workload: Workload, engine: str, model: str, run_seed: int) -> dict:
-    return {"cell": cell.describe(), "workload": workload.name, "max_tokens": workload.max_tokens, "engine": engine,
-            "model": model, "seed": run_seed, "specdec_lab": __version__}
+    return {"cell": cell.describe(), "workload": workload.name, "max_tokens": workload.max_tokens,
+            "request_tokens": cell.request_tokens(workload.max_tokens), "engine": engine, "model": model,
+            "seed": run_seed, "specdec_lab": __version__}
 
 
 def _same_settings(a: dict, b: dict) -> bool:
-    return all(a.get(k) == b.get(k) for k in ("cell", "max_tokens", "engine", "model", "seed"))
+    return all(a.get(k) == b.get(k) for k in ("cell", "max_tokens", "request_tokens", "engine", "model", "seed"))
 
 
 class CellStore:
@@ -389,8 +408,8 @@ class CellStore:
         self.rows = []
 
 
-def outcome_rows(outcome: Outcome, token_map: TokenMap, length: int) -> list[dict]:
-    """The rows of one answered request: one per choice, or one error row."""
+def outcome_rows(outcome: Outcome, token_map: TokenMap, length: int, text_only: bool = False) -> list[dict]:
+    """The rows of one answered request: one per choice (token ids unless ``text_only``), or one error row."""
     job = outcome.job
     base = {"request": job.index, "seed": job.body.get("seed", -1), "attempts": outcome.attempts,
             "draft_n": -1, "draft_accepted": -1}
@@ -407,7 +426,7 @@ def outcome_rows(outcome: Outcome, token_map: TokenMap, length: int) -> list[dic
         base["draft_accepted"] = int(timings.get("draft_n_accepted", 0))
     rows = []
     for position, choice in enumerate(reply["choices"]):
-        ids = choice_tokens(choice, token_map, length) if not job.body.get("stop") else None
+        ids = None if text_only else choice_tokens(choice, token_map, length)
         rows.append({**base, "choice": int(choice.get("index", position)), "status": 200, "error": None,
                      "tokens": [] if ids is None else ids, "text": choice.get("text", ""),
                      "finish": choice.get("finish_reason") or ""})
@@ -456,8 +475,9 @@ class LawBook:
         return (first[:, None] * cond).reshape(-1).numpy()
 
     def stop_outcomes(self, cell: Cell) -> tuple[dict, np.ndarray]:
-        """The client-visible outcomes of a stop cell (text of tokens 1–2 cut before the first stop string or an
-        end-of-text token, and whether it stopped) → index, and their exact law (push-forward of :meth:`joint`)."""
+        """The client-visible outcomes of a text cell (text of tokens 1–2 cut before the first stop string, if any,
+        or an end-of-text token, and whether it stopped) → index, and their exact law (push-forward of
+        :meth:`joint`)."""
         V, eos = self.pair.vocab_size, self.pair.tokenizer.eos_token_id
         joint = self.joint(cell)
         index: dict = {}
@@ -516,8 +536,9 @@ class CellResult:
     def row(self) -> dict:
         d = self.drafting.columns()
         return {"cell": self.cell.name, "group": self.cell.group, "settings": self.cell.label(),
-                "bounded": "text of 1–2 (stop)" if self.cell.stop else "tokens 1–2 (joint)",
-                "requests": self.requests, "errors": self.errors, "m": self.m, "TV upper 99%": self.tv_upper,
+                "bounded": "text of 1–2" if self.cell.observes_text else "tokens 1–2 (joint)",
+                "requests": self.requests, "errors": self.errors, "m": self.m,
+                "dropped": self.ended_early + self.unmapped, "TV upper 99%": self.tv_upper,
                 "Holm p": self.holm_p, "drafted share": d["drafted share"], "acceptance": d["acceptance"],
                 "verdict": self.verdict}
 
@@ -565,7 +586,7 @@ def judge_cell(cell: Cell, frame: pd.DataFrame, laws: LawBook, workload: Workloa
     example = "" if failed.empty else f"HTTP {failed['status'].iloc[0]}: {failed['error'].iloc[0]}"[:300]
     refused = example if requests and errors == requests and (failed["status"] > 0).all() else None
     good = answered[answered["choice"] >= 0]
-    if cell.stop:
+    if cell.observes_text:
         index, law = laws.stop_outcomes(cell)
         keys = [(t, f == "stop") for t, f in zip(good["text"], good["finish"])]
         unknown = sum(k not in index for k in keys)
@@ -596,8 +617,7 @@ def judge_cell(cell: Cell, frame: pd.DataFrame, laws: LawBook, workload: Workloa
                 result.pvalue, result.tv_plugin = suite.global_pvalue, suite.joint_tv_plugin
                 result.tv_upper = suite.joint_bound.upper
                 result.rejected_by = ", ".join(suite.rejected_by)
-    result.drafting = cell_drafting(frame, result.m, BOUNDED_LENGTH if cell.stop else workload.max_tokens,
-                                    speculative)
+    result.drafting = cell_drafting(frame, result.m, cell.request_tokens(workload.max_tokens), speculative)
     return result
 
 
@@ -662,6 +682,7 @@ def collect_workload(pair, workload: Workload, run: WorkloadRun, folder: Path) -
     """Send the workload's missing requests (resuming from ``folder``), write them per cell; return every cell's
     rows (one per choice, or one per failed request)."""
     token_map = TokenMap(pair.tokenizer, pair.vocab_size)
+    cells = {c.name: c for c in workload.cells}
     stores = {c.name: CellStore(folder / "cells" / c.name, cell_meta(c, workload, run.engine, run.model, run.seed))
               for c in workload.cells}
     done = {name: store.load() for name, store in stores.items()}
@@ -674,8 +695,8 @@ def collect_workload(pair, workload: Workload, run: WorkloadRun, folder: Path) -
 
     def on_outcome(outcome: Outcome) -> None:
         name = outcome.job.key
-        length = BOUNDED_LENGTH if outcome.job.body.get("stop") else workload.max_tokens
-        stores[name].add(outcome_rows(outcome, token_map, length))
+        cell = cells[name]
+        stores[name].add(outcome_rows(outcome, token_map, cell.request_tokens(workload.max_tokens), cell.observes_text))
         if outcome.ok:
             successes[name] += 1
         elif outcome.status is not None and outcome.status >= 400 and successes[name] == 0:
@@ -756,7 +777,7 @@ def two_sample_results(workload: Workload, frames: dict, reference: dict, settin
         keys = []
         for frame in (frames[cell.name], reference[cell.name]):
             good = frame[(frame["status"] == 200) & (frame["choice"] >= 0)]
-            if cell.stop:
+            if cell.observes_text:
                 keys.append([f"{t}\x00{f == 'stop'}" for t, f in zip(good["text"], good["finish"])])
             else:
                 keys.append([tuple(t[:BOUNDED_LENGTH]) for t in good["tokens"] if len(t) >= BOUNDED_LENGTH])
@@ -837,10 +858,10 @@ def plan_cells(laws: LawBook, workload: Workload, tolerance: float, seed: int = 
     (:func:`stats.plan_bound_by_simulation` on the cell's exact law; greedy cells: the Clopper–Pearson m)."""
     rows = []
     for cell in workload.cells:
-        if cell.greedy and not cell.stop:
+        if cell.greedy and not cell.observes_text:
             m = math.ceil(math.log(0.01) / math.log(1 - tolerance))
         else:
-            law = laws.stop_outcomes(cell)[1] if cell.stop else laws.joint(cell)
+            law = laws.stop_outcomes(cell)[1] if cell.observes_text else laws.joint(cell)
             m = stats.plan_bound_by_simulation(law[law > 0], tolerance, rng=np.random.default_rng(seed))
         rows.append({"cell": cell.name, "settings": cell.label(), "m planned": m})
     return pd.DataFrame(rows)
@@ -895,8 +916,11 @@ def cmd_workload(args) -> int:
         found = audit_workload(pair, workload, run)
         reference_frames = None
         if reference_url:
+            # other seeds than the audited run's: llama-server's speculation consumes its RNG like plain sampling, so
+            # equal seeds give (nearly) equal outputs and the two samples would not be independent
+            ref_model = (args.model or "target-nodraft") if args.serve_bundled else model
             ref_run = replace(run, base_url=reference_url, out=args.out / "reference", speculative=False,
-                              model=args.model or "target-nodraft" if args.serve_bundled else model)
+                              seed=run.seed + 1, model=ref_model)
             reference_frames = collect_workload(pair, workload, ref_run, ref_run.out)
     table = found["table"]
     _print_table(table)
@@ -909,7 +933,8 @@ def cmd_workload(args) -> int:
     counters = found["counters"]
     if counters.get("verify_steps") is not None:
         print(f"server counters over the run: {int(counters.get('verify_steps', 0))} verification steps, "
-              f"{int(counters.get('draft_tokens', 0))} draft tokens, {int(counters.get('accepted_tokens', 0))} accepted")
+              f"{int(counters.get('draft_tokens', 0))} draft tokens, "
+              f"{int(counters.get('accepted_tokens', 0))} accepted")
     samples = sum(r.m for r in found["results"])
     print(f"collection: {found['seconds']:.1f} s, {samples / found['seconds']:.1f} samples/s (wall time; this "
           "call's requests only)")

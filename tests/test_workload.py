@@ -7,7 +7,7 @@ Power of the planted control: in the "mixed" group a T = 1, a T = 0.7 (min-p) an
 batches; the leak gives a greedy row a sampling temperature (impossible outputs: p = 0) and a sampling row
 T = 0 in the batches a greedy row leads (a point mass on the argmax pair, ≈ 1/3 of the mixed batches), a TV of
 ≈ 0.3 from the exact law, rejected with power ≈ 1 at m = 300. The "same" group's cells (T = 1 only, with a
-repetition penalty, top-k and unseeded requests, a stop string) are untouched by the fault.
+repetition penalty, top-k and unseeded requests, a stop string, no logprobs) are untouched by the fault.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ PLANTED = {
         {"name": "same-a", "group": "same", "prompt": "HAMLET.", "repetition_penalty": 1.3},
         {"name": "same-b", "group": "same", "prompt": "ROMEO:\n", "top_k": 20, "seeded": False},
         {"name": "same-stop", "group": "same", "prompt": "ROMEO:\n", "stop": " "},
+        {"name": "same-text", "group": "same", "prompt": "HAMLET.", "logprobs": False},
         {"name": "same-refused", "group": "same", "prompt": "ROMEO:\n", "n": 20},  # our server allows n <= 16
     ]}
 MIXED = {"mixed-t1", "mixed-t07", "mixed-greedy"}
@@ -182,6 +183,9 @@ def test_jobs_interleave_cells_with_distinct_seeds():
     seeds = [j.body["seed"] for j in jobs if "seed" in j.body]
     assert len(seeds) == len(set(seeds)) and all(0 <= s < 2**32 - 1 for s in seeds)
     assert not any("seed" in j.body for j in jobs if j.key == "same-b")  # unseeded
+    # llama-server and vLLM seed choice k of a request with seed + k: an n-choice cell's seeds are n apart
+    wide = [j.body["seed"] for j in jobs if j.key == "same-refused"]
+    assert np.diff(wide).tolist() == [20, 20]
 
 
 def test_unreachable_server_gives_errors_not_silence(pair, tmp_path):
