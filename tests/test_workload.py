@@ -224,7 +224,8 @@ def test_llama_server_default_workload_end_to_end(tmp_path):
     assert done.returncode in (0, 1), done.stderr[-3000:]
     assert "16 cells:" in done.stdout and "0 of" in done.stdout.splitlines()[-1], done.stdout[-3000:]
     table = pd.read_csv(out / "verdicts.csv")
-    single = table[~table["settings"].str.contains("n=4|stop")]
+    single = table[table["bounded"] == "tokens 1–2 (joint)"]
+    single = single[~single["settings"].str.contains("n=4")]
     assert (single["drafted share"] == "1.000 (token 2)").all(), table.to_string()
     pair = load_pair("bundled")
     w = load_workload()
