@@ -415,6 +415,10 @@ def add_audit_parser(sub) -> None:
     _pair_and_common_args(og, samples=3000, length=2)  # its counters place drafts at tokens 1 and 2 exactly at L = 2
     og.set_defaults(func=cmd_audit)
 
+    from specdec_lab.workload import add_workload_parser
+
+    add_workload_parser(kinds)  # specdec-lab audit workload
+
     from specdec_lab.adapters.llamacpp import DRAFT_TOKENS
 
     ls = kinds.add_parser("llama-speculative", help="llama.cpp's llama-speculative example on the bundled pair "

@@ -114,3 +114,168 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     V = probs.shape[-1]
     last_positive = V - 1 - torch.flip(probs > 0, dims=[-1]).long().argmax(dim=-1)  # (R,)
     return torch.minimum(draws, last_positive[:, None])
+
+
+# ------------------------------------------------------------ the full sampler chain: penalties and min-p
+#
+# Engines apply the same steps in different orders (each read from the engine's source at the pinned version):
+ORDERS = {
+    # transformers 5.24 GenerationMixin._get_logits_processor: repetition penalty among the processors, then the
+    # warpers temperature, top-k, top-p, min-p ("applied after temperature scaling")
+    "hf": ("penalties", "temperature", "top_k", "top_p", "min_p"),
+    # vLLM 0.32 v1 Sampler.forward: penalties, temperature, the argmax-invariant processors (min-p), then top-k/top-p
+    "vllm": ("penalties", "temperature", "min_p", "top_k", "top_p"),
+    # llama.cpp common_params_sampling.samplers (default chain): penalties, (DRY, top-n-σ), top-k, (typical), top-p,
+    # min-p, (XTC), temperature: top-p and min-p see the *untempered* law
+    "llama.cpp": ("penalties", "top_k", "top_p", "min_p", "temperature"),
+}
+# Which tokens each penalty counts: "context" = prompt and output (within the last ``penalty_last_n`` tokens where
+# the engine has a window), "output" = generated tokens only.
+PENALTY_SCOPES = {
+    "hf": {"repetition": "context", "presence": "output", "frequency": "output"},  # HF has no presence/frequency
+    "vllm": {"repetition": "context", "presence": "output", "frequency": "output"},
+    "llama.cpp": {"repetition": "context", "presence": "context", "frequency": "context"},  # the last 64 tokens
+}
+
+
+@dataclass(frozen=True)
+class ChainConfig:
+    """The whole per-request sampler chain: :class:`SamplingConfig` plus min-p and the three penalties, applied in
+    an engine's order (:data:`ORDERS`).
+
+    min_p: keep tokens whose probability is at least min_p × the top token's (0 keeps all).
+    presence_penalty: subtracted from the logit of every token already present (OpenAI's definition).
+    frequency_penalty: subtracted once per occurrence.
+    repetition_penalty: a present token's logit is divided by it when positive, multiplied when not (CTRL, HF).
+    order: a key of :data:`ORDERS`; which tokens each penalty counts is :data:`PENALTY_SCOPES`' entry.
+    penalty_last_n: llama.cpp counts only the last n tokens of prompt + output (its ``repeat_last_n``, default 64);
+        ignored by the other orders.
+    """
+
+    sampling: SamplingConfig = SamplingConfig()
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    order: str = "hf"
+    penalty_last_n: int = 64
+
+    def __post_init__(self) -> None:
+        if self.order not in ORDERS:
+            raise ValueError(f"unknown order {self.order!r}; valid: {', '.join(ORDERS)}")
+        if not 0.0 <= self.min_p < 1.0:
+            raise ValueError(f"min_p must lie in [0, 1), got {self.min_p!r}")
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
+        if self.penalty_last_n < 0:
+            raise ValueError(f"penalty_last_n must be >= 0, got {self.penalty_last_n!r}")
+
+    @property
+    def penalised(self) -> bool:
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+
+    def describe(self) -> dict:
+        return {**self.sampling.describe(), "min_p": self.min_p, "presence_penalty": self.presence_penalty,
+                "frequency_penalty": self.frequency_penalty, "repetition_penalty": self.repetition_penalty,
+                "order": self.order, "penalty_last_n": self.penalty_last_n}
+
+    def counts(self, prompt: list[int], output: list[int], vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(context counts, output counts) (V,) each, as this order's penalties see them.
+
+        >>> c, o = ChainConfig(order="llama.cpp", penalty_last_n=2).counts([1, 2, 2], [3], 4)
+        >>> c.tolist(), o.tolist()
+        ([0.0, 0.0, 1.0, 1.0], [0.0, 0.0, 0.0, 1.0])
+        """
+        context = prompt + output
+        if self.order == "llama.cpp":
+            context = context[len(context) - self.penalty_last_n:] if self.penalty_last_n else []
+        def count(ids):
+            return torch.bincount(torch.tensor(ids, dtype=torch.long), minlength=vocab_size).to(self.sampling.dtype)
+        return count(context), count(output)
+
+
+def apply_penalties(logits: torch.Tensor, context_counts: torch.Tensor, output_counts: torch.Tensor,
+                    config: ChainConfig) -> torch.Tensor:
+    """Penalised logits (..., V) from the token counts (..., V) the order's penalties see (:meth:`ChainConfig.counts`).
+
+    The repetition penalty first (a present token's logit / r when positive, × r otherwise), then
+    logit −= frequency · count + presence · [count > 0] (llama.cpp's ``llama_sampler_penalties_apply``, vLLM's
+    ``apply_penalties``; which counts each penalty reads is :data:`PENALTY_SCOPES`).
+
+    >>> cfg = ChainConfig(repetition_penalty=2.0, presence_penalty=0.5)
+    >>> apply_penalties(torch.tensor([2.0, -2.0, 1.0]), torch.tensor([1.0, 1.0, 0.0]),
+    ...                 torch.tensor([1.0, 0.0, 0.0]), cfg).tolist()
+    [0.5, -4.0, 1.0]
+    """
+    if not config.penalised:
+        return logits
+    scope = PENALTY_SCOPES[config.order]
+    counts = {"context": context_counts.to(logits.dtype), "output": output_counts.to(logits.dtype)}
+    if config.repetition_penalty != 1.0:
+        seen = counts[scope["repetition"]] > 0
+        r = config.repetition_penalty
+        logits = torch.where(seen, torch.where(logits > 0, logits / r, logits * r), logits)
+    logits = logits - config.frequency_penalty * counts[scope["frequency"]]
+    return logits - config.presence_penalty * (counts[scope["presence"]] > 0).to(logits.dtype)
+
+
+def _top_k_logits(logits: torch.Tensor, k: int | None) -> torch.Tensor:
+    """Logits outside the k largest set to −inf (ties at the k-th value kept)."""
+    if k is None or k >= logits.shape[-1]:
+        return logits
+    kth = torch.topk(logits, k, dim=-1).values[..., -1:]  # (..., 1)
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def _top_p_logits(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Logits outside the nucleus of the law softmax(logits) set to −inf (:func:`_nucleus`)."""
+    if top_p >= 1.0:
+        return logits
+    keep = _nucleus(torch.softmax(logits, dim=-1), top_p) > 0
+    return logits.masked_fill(~keep, float("-inf"))
+
+
+def _min_p_logits(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Logits of tokens with probability below min_p × the top probability set to −inf (llama.cpp compares
+    logits with max + log(min_p), HF and vLLM probabilities with min_p · max: the same set)."""
+    if min_p <= 0.0:
+        return logits
+    probs = torch.softmax(logits, dim=-1)
+    return logits.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), float("-inf"))
+
+
+def chain_probs(logits: torch.Tensor, config: ChainConfig, context_counts: torch.Tensor | None = None,
+                output_counts: torch.Tensor | None = None) -> torch.Tensor:
+    """Logits (..., V) → the law (..., V) of the engine's whole sampler chain (:data:`ORDERS`).
+
+    ``context_counts`` / ``output_counts`` (..., V): token counts the penalties see (:meth:`ChainConfig.counts`;
+    broadcast against the logits); needed only when the config has a penalty. Temperature 0 is the argmax of the
+    penalised logits (no filter removes the top token). Without min-p and penalties, ``order="hf"`` and
+    ``order="vllm"`` equal :func:`to_probs`.
+
+    >>> cfg = ChainConfig(SamplingConfig(temperature=2.0, top_p=0.6), order="llama.cpp")
+    >>> [round(x, 4) for x in chain_probs(torch.tensor([2.0, 1.0, 0.0]), cfg).tolist()]  # top-p on the T=1 law
+    [1.0, 0.0, 0.0]
+    >>> hf = ChainConfig(cfg.sampling, order="hf")  # top-p on the tempered law
+    >>> [round(x, 4) for x in chain_probs(torch.tensor([2.0, 1.0, 0.0]), hf).tolist()]
+    [0.6225, 0.3775, 0.0]
+    """
+    s = config.sampling
+    logits = logits.to(s.dtype)
+    V = logits.shape[-1]
+    if config.penalised:
+        if context_counts is None or output_counts is None:
+            raise ValueError("a penalised chain needs context_counts and output_counts")
+        logits = apply_penalties(logits, context_counts, output_counts, config)
+    if s.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(dim=-1), V).to(s.dtype)
+    for step in ORDERS[config.order][1:]:
+        if step == "temperature" and s.temperature != 1.0:
+            logits = logits / s.temperature
+        elif step == "top_k":
+            logits = _top_k_logits(logits, s.top_k)
+        elif step == "top_p":
+            logits = _top_p_logits(logits, s.top_p)
+        elif step == "min_p":
+            logits = _min_p_logits(logits, config.min_p)
+    return torch.softmax(logits, dim=-1)

@@ -78,13 +78,21 @@ class TwoTokenLaw:
 
 
 @torch.no_grad()
-def two_token_law(pair, prompt_ids: torch.Tensor, sampling: SamplingConfig) -> TwoTokenLaw:
-    """One forward of V chains, each the prompt followed by one candidate first token."""
+def two_token_logits(pair, prompt_ids: torch.Tensor) -> tuple[torch.Tensor, Decoder]:
+    """The target's logits (V, 2, V) float64 after the prompt (row x1, position 0: after the prompt; position 1:
+    after the prompt and x1), from one forward of V chains, and the decoder holding them."""
     V = pair.vocab_size
     decoder = Decoder(pair.target, V, V, pair.device)
     decoder.prefill(prompt_ids[:-1])
     inputs = torch.stack([prompt_ids[-1:].to(pair.device).expand(V), torch.arange(V, device=pair.device)], 1)
-    p = to_probs(decoder.feed(inputs), sampling).double().cpu()  # (V, 2, V)
+    return decoder.feed(inputs), decoder
+
+
+@torch.no_grad()
+def two_token_law(pair, prompt_ids: torch.Tensor, sampling: SamplingConfig) -> TwoTokenLaw:
+    """One forward of V chains, each the prompt followed by one candidate first token."""
+    logits, decoder = two_token_logits(pair, prompt_ids)
+    p = to_probs(logits, sampling).double().cpu()  # (V, 2, V)
     return TwoTokenLaw(p[0, 0].numpy(), p[:, 1].numpy(), decoder)
 
 

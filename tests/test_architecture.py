@@ -23,7 +23,7 @@ LAYERS = {
     "engines": ["adapters.*", "patches.*"],
     "collection": ["collect", "exact"],
     "statistics": ["suite", "report", "kernels.*", "testing"],
-    "jobs": ["verify", "audit", "bench", "coverage_study", "training.*"],
+    "jobs": ["verify", "audit", "workload", "bench", "coverage_study", "training.*"],
     "front": ["cli", "experiments.*"],
 }
 

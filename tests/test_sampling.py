@@ -68,3 +68,95 @@ def test_sample_uses_only_its_generator():
     b = sample(p, make_generator(7))
     assert torch.equal(a, b)
     assert not torch.equal(a, sample(p, make_generator(8)))
+
+
+# ------------------------------------------------- the full chain (penalties, min-p) against HF's logits processors
+
+from transformers.generation.logits_process import (MinPLogitsWarper, RepetitionPenaltyLogitsProcessor,  # noqa: E402
+                                                    TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
+
+from specdec_lab.sampling import ORDERS, ChainConfig, apply_penalties, chain_probs  # noqa: E402
+
+HF_STEPS = {"temperature": lambda c: TemperatureLogitsWarper(c.sampling.temperature),
+            "top_k": lambda c: TopKLogitsWarper(c.sampling.top_k) if c.sampling.top_k else None,
+            "top_p": lambda c: TopPLogitsWarper(c.sampling.top_p) if c.sampling.top_p < 1 else None,
+            "min_p": lambda c: MinPLogitsWarper(c.min_p) if c.min_p > 0 else None}
+CHAIN_CASES = [  # (sampling, min_p, repetition penalty)
+    (SamplingConfig(temperature=0.7, top_p=0.9), 0.0, 1.0),
+    (SamplingConfig(temperature=1.3, top_k=20), 0.05, 1.0),
+    (SamplingConfig(temperature=0.7, top_k=50, top_p=0.8), 0.1, 1.3),
+    (SamplingConfig(temperature=1.0), 0.2, 0.8),
+    (SamplingConfig(temperature=2.0, top_p=0.95), 0.02, 1.5),
+]
+
+
+def _hf_chain(logits, input_ids, config):
+    """The same steps composed from HF's own processors, in ``config.order``."""
+    scores = logits[None].clone()
+    if config.repetition_penalty != 1.0:
+        scores = RepetitionPenaltyLogitsProcessor(config.repetition_penalty)(input_ids[None], scores)
+    for step in ORDERS[config.order][1:]:
+        processor = HF_STEPS[step](config)
+        if processor is not None:
+            scores = processor(input_ids[None], scores)
+    return torch.softmax(scores[0], dim=-1)
+
+
+@pytest.mark.parametrize("order", sorted(ORDERS))
+@pytest.mark.parametrize("sampling, min_p, repetition", CHAIN_CASES)
+def test_chain_matches_hf_processors(order, sampling, min_p, repetition):
+    """Each order's chain equals HF's processors composed in that order, on a real model's logits."""
+    from specdec_lab.models import load_pair
+
+    pair = load_pair("bundled")
+    ids = pair.encode("ROMEO:\nGood night, good night! parting is such sweet sorrow")
+    with torch.no_grad():
+        logits = pair.target(ids[None]).logits[0, -1, : pair.vocab_size].double()
+    config = ChainConfig(sampling, min_p=min_p, repetition_penalty=repetition, order=order, penalty_last_n=0
+                         if order != "llama.cpp" else 10_000)  # the window holds the whole prompt
+    context, output = config.counts(ids.tolist(), [], pair.vocab_size)
+    ours = chain_probs(logits, config, context, output)
+    theirs = _hf_chain(logits, ids, config)
+    assert torch.allclose(ours, theirs, atol=1e-12), (ours - theirs).abs().max()
+    assert abs(float(ours.sum()) - 1) < 1e-12
+
+
+def test_orders_differ_where_documented():
+    """llama.cpp's top-p sees the untempered law: at T = 0.7 its nucleus is wider than HF's/vLLM's."""
+    logits = torch.tensor([2.0, 1.5, 1.0, 0.0, -1.0])
+    s = SamplingConfig(temperature=0.7, top_p=0.8)
+    hf = chain_probs(logits, ChainConfig(s, order="hf"))
+    llama = chain_probs(logits, ChainConfig(s, order="llama.cpp"))
+    assert int((hf > 0).sum()) < int((llama > 0).sum())
+    assert torch.allclose(chain_probs(logits, ChainConfig(s, order="vllm")), to_probs(logits, s))
+
+
+def test_presence_frequency_penalties_by_scope():
+    """OpenAI's presence/frequency penalties, written out by hand: vLLM counts output tokens only,
+    llama.cpp the whole window of prompt + output."""
+    logits = torch.zeros(5, dtype=torch.float64)
+    prompt, output = [1, 1, 2], [2, 3, 3]
+    for order, counts in (("vllm", [0, 0, 1, 2, 0]), ("llama.cpp", [0, 2, 2, 2, 0])):
+        config = ChainConfig(presence_penalty=0.5, frequency_penalty=0.25, order=order)
+        context, out = config.counts(prompt, output, 5)
+        expected = torch.tensor([-(0.25 * c + 0.5 * (c > 0)) for c in counts], dtype=torch.float64)
+        assert torch.allclose(apply_penalties(logits, context, out, config), expected)
+
+
+def test_llama_cpp_window_drops_old_tokens():
+    context, _ = ChainConfig(order="llama.cpp", penalty_last_n=3).counts([7, 1, 2], [3], 8)
+    assert context.tolist() == [0, 1, 1, 1, 0, 0, 0, 0]
+
+
+def test_greedy_chain_is_argmax_of_penalised_logits():
+    config = ChainConfig(SamplingConfig(temperature=0.0), repetition_penalty=4.0)
+    context = torch.tensor([1.0, 0.0, 0.0])
+    probs = chain_probs(torch.tensor([3.0, 1.0, 0.5]), config, context, torch.zeros(3))
+    assert probs.tolist() == [0.0, 1.0, 0.0]  # 3 / 4 < 1
+
+
+@pytest.mark.parametrize("kwargs, message", [({"order": "sglang"}, "unknown order"), ({"min_p": 1.0}, "min_p"),
+                                             ({"repetition_penalty": 0.0}, "repetition_penalty")])
+def test_chain_invalid_settings_raise(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ChainConfig(**kwargs)

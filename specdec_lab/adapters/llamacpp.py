@@ -290,13 +290,17 @@ def _wait_until_up(server: LlamaServer, route: str, startup_timeout: float) -> L
 
 
 def llama_server_command(target: Path, port: int, draft: Path | None = None, threads: int = 1,
-                         draft_tokens: int = DRAFT_TOKENS) -> list[str]:
-    """``llama-server`` on loopback: one slot, f32 KV caches (as the llama-cpp-python server), ``/metrics``
-    on, and with ``draft`` the draft model proposing ``draft_tokens`` tokens per pass on every step it can
-    (``--spec-draft-n-min 0``: no minimum; ``--spec-draft-p-min 0``: no confidence cut-off)."""
+                         draft_tokens: int = DRAFT_TOKENS, parallel: int = 1, batch: int | None = None) -> list[str]:
+    """``llama-server`` on loopback: ``parallel`` slots of 512 tokens each (continuous batching), f32 KV caches (as
+    the llama-cpp-python server), ``/metrics`` on, ``batch`` the prefill chunk (``-b``/``-ub``; None: the
+    engine's default), and with ``draft`` the draft model proposing ``draft_tokens`` tokens per pass on every
+    step it can (``--spec-draft-n-min 0``: no minimum; ``--spec-draft-p-min 0``: no confidence cut-off)."""
     command = [str(engine_binary("llama-server")), "-m", str(target), "--host", "127.0.0.1", "--port", str(port),
-               "-c", "512", "-np", "1", "-t", str(threads), "-tb", str(threads), "-ctk", "f32", "-ctv", "f32",
+               "-c", str(512 * parallel), "-np", str(parallel), "-t", str(threads), "-tb", str(threads),
+               "-ctk", "f32", "-ctv", "f32",
                "--metrics", "--no-webui", "--no-warmup", "-a", "target-nodraft" if draft is None else "target-draft"]
+    if batch is not None:
+        command += ["-b", str(batch), "-ub", str(batch)]
     if draft is not None:
         # --spec-type draft-simple: without it this llama.cpp loads the -md model and never drafts (the type is
         # inferred from the draft GGUF only for MTP/DFlash heads; a plain Llama draft leaves it at "none")
@@ -307,13 +311,13 @@ def llama_server_command(target: Path, port: int, draft: Path | None = None, thr
 
 
 def start_llama_server(target: Path, workdir: Path, draft: Path | None = None, port: int | None = None,
-                       threads: int = 1, draft_tokens: int = DRAFT_TOKENS,
-                       startup_timeout: float = 120.0) -> LlamaServer:
+                       threads: int = 1, draft_tokens: int = DRAFT_TOKENS, startup_timeout: float = 120.0,
+                       parallel: int = 1, batch: int | None = None) -> LlamaServer:
     """Start llama.cpp's ``llama-server`` (built by :func:`build_engine`) and wait until ``/health`` answers."""
     port = port or free_port()
     log = workdir / f"llama-server-{port}.log"
     with open(log, "wb") as out:
-        process = subprocess.Popen(llama_server_command(target, port, draft, threads, draft_tokens),
+        process = subprocess.Popen(llama_server_command(target, port, draft, threads, draft_tokens, parallel, batch),
                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                    env={**os.environ, "OMP_NUM_THREADS": str(threads)})
     return _wait_until_up(LlamaServer(process, f"http://127.0.0.1:{port}", log), "/health", startup_timeout)
@@ -485,12 +489,12 @@ def spec_log_positions(entries) -> tuple[list[int], list[int], list[int]]:
 
 
 @contextlib.contextmanager
-def bundled_server(threads: int = 1, model: str = "target"):
+def bundled_server(threads: int = 1, model: str = "target", parallel: int = 1, batch: int | None = None):
     """Convert the bundled target (and draft) into a temporary folder, serve it, yield the server, stop it.
 
     ``model`` in :data:`ALIASES`: llama-cpp-python's server (serving every alias of ``ALIASES``);
     in :data:`SERVER_ALIASES`: llama.cpp's ``llama-server`` with (``target-draft``) or without
-    (``target-nodraft``) the bundled draft.
+    (``target-nodraft``) the bundled draft, with ``parallel`` slots and prefill chunk ``batch``.
     """
     if model not in ALIASES and model not in SERVER_ALIASES:
         raise ValueError(f"unknown bundled model {model!r}; valid: {', '.join([*ALIASES, *SERVER_ALIASES])}")
@@ -499,7 +503,7 @@ def bundled_server(threads: int = 1, model: str = "target"):
         if model in SERVER_ALIASES:
             draft = convert_to_gguf(Path(tmp) / "draft-f32.gguf", BUNDLED_DIR / "draft") \
                 if model == "target-draft" else None
-            server = start_llama_server(gguf, Path(tmp), draft, threads=threads)
+            server = start_llama_server(gguf, Path(tmp), draft, threads=threads, parallel=parallel, batch=batch)
         else:
             server = start_server(gguf, Path(tmp), threads=threads)
         try:

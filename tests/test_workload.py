@@ -1,0 +1,239 @@
+"""``specdec-lab audit workload``: the file format, the client, the exact per-cell laws, the verdicts — and the
+controls: our own batching server (:mod:`specdec_lab.adapters.batch_server`) with a planted temperature leak is
+rejected in exactly the cells that share batches with other temperatures, and the same server without the
+leak in none; a real llama-server with the bundled draft and four slots runs the default workload end to end.
+
+Power of the planted control: in the "mixed" group a T = 1, a T = 0.7 (min-p) and a greedy cell share
+batches; the leak gives a greedy row a sampling temperature (impossible outputs: p = 0) and a sampling row
+T = 0 in the batches a greedy row leads (a point mass on the argmax pair, ≈ 1/3 of the mixed batches), a TV of
+≈ 0.3 from the exact law, rejected with power ≈ 1 at m = 300. The "same" group's cells (T = 1 only, with a
+repetition penalty, top-k and unseeded requests, a stop string, no logprobs) are untouched by the fault.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from specdec_lab.adapters.batch_server import BatchServerConfig, served
+from specdec_lab.adapters.workload_client import ClientSettings
+from specdec_lab.models import load_pair
+from specdec_lab.workload import (DEFAULT_WORKLOAD, REFUSED, LawBook, WorkloadError, WorkloadRun, audit_workload,
+                                  interleaved_jobs, load_workload, parse_workload)
+
+ROOT = Path(__file__).resolve().parents[1]
+PLANTED = {
+    "name": "planted", "max_tokens": 3,
+    "cells": [
+        {"name": "mixed-t1", "group": "mixed", "prompt": "HAMLET.", "temperature": 1.0},
+        {"name": "mixed-t07", "group": "mixed", "prompt": "ROMEO:\n", "temperature": 0.7, "min_p": 0.05},
+        {"name": "mixed-greedy", "group": "mixed", "prompt": "ROMEO:\n", "temperature": 0.0},
+        {"name": "same-a", "group": "same", "prompt": "HAMLET.", "repetition_penalty": 1.3},
+        {"name": "same-b", "group": "same", "prompt": "ROMEO:\n", "top_k": 20, "seeded": False},
+        {"name": "same-stop", "group": "same", "prompt": "ROMEO:\n", "stop": " "},
+        {"name": "same-text", "group": "same", "prompt": "HAMLET.", "logprobs": False},
+        {"name": "same-refused", "group": "same", "prompt": "ROMEO:\n", "n": 20},  # our server allows n <= 16
+    ]}
+MIXED = {"mixed-t1", "mixed-t07", "mixed-greedy"}
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return load_pair("bundled")
+
+
+def run_planted(pair, tmp_path, leak: bool, samples: int = 300) -> dict:
+    workload = parse_workload(PLANTED)
+    with served(pair, BatchServerConfig(leak_temperature=leak)) as server:
+        run = WorkloadRun(server.base_url, tmp_path / ("leak" if leak else "lossless"), samples, speculative=False,
+                          client=ClientSettings(concurrency=8, progress=False), server_metrics=False)
+        found = audit_workload(pair, workload, run)
+        found["mixed batches"] = server.engine.mixed_batches
+    return found
+
+
+def verdicts(found: dict) -> dict:
+    return {r.cell.name: r.verdict for r in found["results"]}
+
+
+# ------------------------------------------------------------------------------------------ the controls
+
+
+def test_planted_leak_rejected_in_exactly_its_cells(pair, tmp_path):
+    found = run_planted(pair, tmp_path, leak=True)
+    assert found["mixed batches"] > 50  # the condition was exercised
+    got = verdicts(found)
+    assert {name for name, v in got.items() if v == "rejected"} == MIXED, found["table"].to_string()
+    assert got["same-refused"].startswith(REFUSED) and "n: must be" in got["same-refused"]
+    assert sum(r.errors for r in found["results"]) == sum(r.requests for r in found["results"]
+                                                          if r.cell.name == "same-refused")
+
+
+def test_lossless_server_not_rejected_and_resumes(pair, tmp_path):
+    found = run_planted(pair, tmp_path, leak=False)
+    got = verdicts(found)
+    assert not any(v == "rejected" for v in got.values()), found["table"].to_string()
+    assert got["mixed-greedy"] == "equivalent"  # 300 argmax pairs: TV <= 0.0152 at 99%
+    assert "0 rejected" in found["summary"]
+    # a second run on the same folder sends nothing new and reaches the same numbers
+    again = run_planted(pair, tmp_path, leak=False)
+    assert again["seconds"] < found["seconds"] and again["mixed batches"] == 0
+    assert again["table"].equals(found["table"])
+
+
+# ------------------------------------------------------------------------------------------ exact laws
+
+
+def test_penalised_law_matches_step_by_step(pair):
+    """The joint law's token-2 row under penalties equals the chain applied to the context prompt + x1."""
+    from specdec_lab.sampling import chain_probs
+
+    cell = parse_workload(PLANTED).cells[3]  # repetition 1.3
+    laws = LawBook(pair, "llama.cpp")
+    joint = laws.joint(cell).reshape(pair.vocab_size, pair.vocab_size)
+    ids = pair.encode(cell.prompt)
+    chain = cell.chain("llama.cpp")
+    x1 = int(joint.sum(1).argmax())
+    with torch.no_grad():
+        logits = pair.target(torch.cat([ids, torch.tensor([x1])])[None]).logits[0, -1, : pair.vocab_size].double()
+    row = chain_probs(logits, chain, *chain.counts(ids.tolist(), [x1], pair.vocab_size)).numpy()
+    assert np.allclose(joint[x1] / joint[x1].sum(), row, atol=1e-9)
+    plain = LawBook(pair, "llama.cpp").joint(parse_workload(PLANTED).cells[0])  # same prompt, no penalty
+    assert 0.5 * np.abs(plain - laws.joint(cell)).sum() > 0.05  # the penalty moves the law
+
+
+def test_stop_law_is_push_forward(pair):
+    laws = LawBook(pair, "llama.cpp")
+    cell = parse_workload(PLANTED).cells[5]
+    index, law = laws.stop_outcomes(cell)
+    assert abs(law.sum() - 1) < 1e-9
+    assert all(" " not in text for text, _ in index)
+    stopped = sum(p for (text, s), p in zip(index, law) if s)
+    assert 0.1 < stopped < 0.5
+
+
+# ------------------------------------------------------------------------------------------ the file format
+
+
+def test_default_workload_covers_the_production_conditions(pair):
+    w = load_workload()
+    cells = w.cells
+    prompts = {c.prompt for c in cells}
+    lengths = sorted(len(pair.encode(p)) for p in prompts)
+    assert len(prompts) >= 8 and lengths[-1] > 128 and len(w.groups()) == 1  # above the prefill chunk (-b 128)
+    prefix = [p for p in prompts if p.startswith("KING RICHARD III:\nNow is the winter")]
+    assert len(prefix) >= 3
+    assert {0.0, 0.7, 1.0} <= {c.temperature for c in cells}
+    assert any(c.top_p < 1 for c in cells) and any(c.top_k for c in cells) and any(c.min_p for c in cells)
+    assert any(c.presence_penalty for c in cells) and any(c.frequency_penalty for c in cells)
+    assert any(c.repetition_penalty != 1 for c in cells)
+    assert any(c.seeded for c in cells) and any(not c.seeded for c in cells)
+    assert any(c.n > 1 for c in cells) and any(not c.logprobs for c in cells) and any(c.stop for c in cells)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda w: w["cells"][1].update(temperature=-1), r"cells\[1\]\.temperature: must be a number >= 0"),
+    (lambda w: w["cells"][0].update(top_p=1.5), r"cells\[0\]\.top_p"),
+    (lambda w: w["cells"][2].update(colour="red"), r"cells\[2\]\.colour: unknown field"),
+    (lambda w: w["cells"][0].pop("prompt"), r"cells\[0\]\.prompt: required"),
+    (lambda w: w["cells"][3].update(name="mixed-t1"), r"cells\[3\]\.name: 'mixed-t1' is used twice"),
+    (lambda w: w["cells"][0].update(n=0), r"cells\[0\]\.n"),
+    (lambda w: w["cells"][0].update(seeded="yes"), r"cells\[0\]\.seeded: must be true or false"),
+    (lambda w: w["cells"][0].update(stop=[""]), r"cells\[0\]\.stop"),
+    (lambda w: w.update(max_tokens=1), r"max_tokens: must be an integer in \[2, 16\]"),
+    (lambda w: w.update(cells=[]), r"cells: required"),
+])
+def test_malformed_workload_names_the_field(edit, message):
+    raw = json.loads(json.dumps(PLANTED))
+    edit(raw)
+    with pytest.raises(WorkloadError, match=message):
+        parse_workload(raw)
+
+
+def test_malformed_file_exits_2_and_writes_nothing(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("cells:\n  - {name: a, prompt: HAMLET., temperature: hot}\n")
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "specdec_lab.cli", "audit", "workload", "--base-url",
+                           "http://127.0.0.1:9", "--workload", str(bad), "--out", str(out)],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 2
+    assert "cells[0].temperature: must be a number >= 0, got 'hot'" in done.stderr
+    assert not out.exists()
+
+
+def test_yaml_syntax_error_is_an_input_error(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("cells: [ {name: a\n")
+    with pytest.raises(WorkloadError, match="not valid YAML"):
+        load_workload(bad)
+
+
+def test_jobs_interleave_cells_with_distinct_seeds():
+    w = parse_workload(PLANTED)
+    jobs = interleaved_jobs(w, {c.name: list(range(3)) for c in w.cells}, "llama.cpp", "target", 0)
+    assert [j.key for j in jobs[:3]] == ["mixed-t1", "mixed-t07", "mixed-greedy"]  # group by group, interleaved
+    seeds = [j.body["seed"] for j in jobs if "seed" in j.body]
+    assert len(seeds) == len(set(seeds)) and all(0 <= s < 2**32 - 1 for s in seeds)
+    assert not any("seed" in j.body for j in jobs if j.key == "same-b")  # unseeded
+    # llama-server and vLLM seed choice k of a request with seed + k: an n-choice cell's seeds are n apart
+    wide = [j.body["seed"] for j in jobs if j.key == "same-refused"]
+    assert np.diff(wide).tolist() == [20, 20]
+
+
+def test_unreachable_server_gives_errors_not_silence(pair, tmp_path):
+    """Transport failures are retried, then counted per cell; no cell gets samples."""
+    from specdec_lab.adapters.llamacpp import free_port
+
+    w = parse_workload({"cells": PLANTED["cells"][:2]})
+    run = WorkloadRun(f"http://127.0.0.1:{free_port()}", tmp_path / "down", 5, speculative=False,
+                      client=ClientSettings(concurrency=2, retries=1, backoff=0.01, progress=False),
+                      server_metrics=False)
+    found = audit_workload(pair, w, run)
+    assert [(r.requests, r.errors, r.m, r.verdict) for r in found["results"]] == [(5, 5, 0, "no samples")] * 2
+    frame = pd.concat(found["frames"].values())
+    assert (frame["status"] == -1).all() and (frame["attempts"] == 2).all()
+
+
+# ------------------------------------------------------------------------------------------ a real llama-server
+
+
+def test_llama_server_default_workload_end_to_end(tmp_path):
+    """`specdec-lab audit workload --serve-bundled llama-server` on the default workload (40 samples a cell):
+    every cell answered, token 2 drafted in every n = 1 request (timings.draft_n), and each request's
+    accepted draft is exactly the draft model's greedy proposal."""
+    from specdec_lab.adapters import llamacpp
+
+    try:
+        llamacpp.engine_binary("llama-server")
+        if not (llamacpp.converter_dir() / "convert_hf_to_gguf.py").exists():
+            raise FileNotFoundError(f"llama.cpp's converter is not at {llamacpp.converter_dir()}")
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    out = tmp_path / "ls"
+    done = subprocess.run([sys.executable, "-m", "specdec_lab.cli", "audit", "workload", "--serve-bundled",
+                           "llama-server", "--samples", "40", "--out", str(out), "--quiet"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=900)
+    assert done.returncode in (0, 1), done.stderr[-3000:]
+    assert "16 cells:" in done.stdout and "0 of" in done.stdout.splitlines()[-1], done.stdout[-3000:]
+    table = pd.read_csv(out / "verdicts.csv")
+    single = table[table["bounded"] == "tokens 1–2 (joint)"]
+    single = single[~single["settings"].str.contains("n=4")]
+    assert (single["drafted share"] == "1.000 (token 2)").all(), table.to_string()
+    pair = load_pair("bundled")
+    w = load_workload()
+    for cell in (c for c in w.cells if c.name in ("t1-short", "repetition", "long")):
+        frame = pd.concat(pd.read_parquet(p) for p in sorted((out / "cells" / cell.name).glob("*.parquet")))
+        ids = pair.encode(cell.prompt)
+        for tokens, accepted in zip(frame["tokens"], frame["draft_accepted"]):
+            with torch.no_grad():
+                context = torch.cat([ids, torch.tensor([int(tokens[0])])])[None]
+                proposal = int(pair.draft(context).logits[0, -1, : pair.vocab_size].argmax())
+            assert (proposal == int(tokens[1])) == (accepted == 1)
