@@ -121,41 +121,37 @@ def vllm_audits(pair, n: int, length: int, seed: int = 11) -> pd.DataFrame:
     return run_audits(pair, cases, n, length, work_dir(), seed=seed, progress=False)
 
 
-def openvino_audits(pair, n: int, seed: int = 17) -> pd.DataFrame:
-    """OpenVINO GenAI (``LLMPipeline``, in its own environment) on the bundled pair at L = 3 (it drafts from token 3
-    on, so the window holds drafted tokens): without speculation, with its draft model (K = 4, prefix caching off:
-    with it on, a sampled speculative request crashes the pipeline, docs/audit-openvino.md), and the negative control
-    (no speculation, asked for T = 0.7, scored at T = 1)."""
-    from specdec_lab.adapters import openvino
+def _plain_draft_control(pair, module, make, n: int, length: int, seed: int, **draft) -> pd.DataFrame:
+    """An engine's three notebook rows, through its adapter ``module`` (``make`` builds its config): without
+    speculation, with its draft model (K = 4, plus ``draft`` settings), and the negative control (no speculation,
+    asked for T = 0.7, scored at T = 1); the engine's workers are stopped afterwards."""
     from specdec_lab.audit import AuditCase, run_audits
     from specdec_lab.sampling import SamplingConfig
 
-    cases = [AuditCase(openvino.OpenvinoConfig("none", progress=False)),
-             AuditCase(openvino.OpenvinoConfig("draft_model", k=4, prefix_caching=False, progress=False)),
-             AuditCase(openvino.OpenvinoConfig("none", sampling=SamplingConfig(temperature=0.7), progress=False),
+    cases = [AuditCase(make("none", progress=False)),
+             AuditCase(make("draft_model", k=4, progress=False, **draft)),
+             AuditCase(make("none", sampling=SamplingConfig(temperature=0.7), progress=False),
                        scored_at=SamplingConfig(), expected="negative control")]
     try:
-        return run_audits(pair, cases, n, 3, work_dir(), seed=seed, progress=False)
+        return run_audits(pair, cases, n, length, work_dir(), seed=seed, progress=False)
     finally:
-        openvino.close_workers()
+        module.close_workers()
+
+
+def openvino_audits(pair, n: int, seed: int = 17) -> pd.DataFrame:
+    """OpenVINO GenAI (``LLMPipeline``, in its own environment) at L = 3 (it drafts from token 3 on, so the window
+    holds drafted tokens); its draft model with prefix caching off: with it on, a sampled speculative request
+    crashes the pipeline (docs/audit-openvino.md)."""
+    from specdec_lab.adapters import openvino
+
+    return _plain_draft_control(pair, openvino, openvino.OpenvinoConfig, n, 3, seed, prefix_caching=False)
 
 
 def ortgenai_audits(pair, n: int, seed: int = 19) -> pd.DataFrame:
-    """ONNX Runtime GenAI (in its own environment) on the bundled pair at L = 2 (its draft model drafts from
-    token 1): without speculation, with its draft model (K = 4), and the negative control (no speculation,
-    asked for T = 0.7, scored at T = 1)."""
+    """ONNX Runtime GenAI (in its own environment) at L = 2 (its draft model drafts from token 1)."""
     from specdec_lab.adapters import ortgenai
-    from specdec_lab.audit import AuditCase, run_audits
-    from specdec_lab.sampling import SamplingConfig
 
-    cases = [AuditCase(ortgenai.OrtGenaiConfig("none", progress=False)),
-             AuditCase(ortgenai.OrtGenaiConfig("draft_model", k=4, progress=False)),
-             AuditCase(ortgenai.OrtGenaiConfig("none", sampling=SamplingConfig(temperature=0.7), progress=False),
-                       scored_at=SamplingConfig(), expected="negative control")]
-    try:
-        return run_audits(pair, cases, n, 2, work_dir(), seed=seed, progress=False)
-    finally:
-        ortgenai.close_workers()
+    return _plain_draft_control(pair, ortgenai, ortgenai.OrtGenaiConfig, n, 2, seed)
 
 
 def all_audits(*tables) -> pd.DataFrame:
