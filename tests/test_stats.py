@@ -254,6 +254,56 @@ class TestTVUpperBound:
         w = np.array([stats.holder_statistic(rng.multinomial(m, q)[kept], real_law[kept], m) for _ in range(20_000)])
         assert abs(w.mean() - d) < 4 * w.std() / np.sqrt(len(w)), (w.mean(), d)
 
+    @pytest.mark.parametrize("c, lam", [(0.0, 40.0), (6.0, 30.0), (-6.0, 18.0), (25.0, 60.0)])
+    def test_third_cumulant_of_the_summand_matches_monte_carlo(self, c, lam):
+        """κ3 of Y = (N − μ)² − N, N ~ Poisson(λ), c = λ − μ: the formula the skew lift is built on."""
+        n = np.random.default_rng(21).poisson(lam, 4_000_000)
+        y = (n - (lam - c)) ** 2 - n
+        k3 = stats.poisson_quadratic_k3(np.array(c), np.array(lam))
+        se = np.sqrt(sps.moment(y, 6) / len(y))  # a generous standard error of the sample κ3
+        assert abs(sps.kstat(y, 3) - k3) < 5 * se, (sps.kstat(y, 3), k3)
+        assert y.mean() == pytest.approx(c ** 2, abs=5 * y.std() / np.sqrt(len(y)))
+
+    def test_skew_lift_raises_the_quantiles_by_at_most_its_cap(self, real_law):
+        """With the skew lift every threshold is higher (W is right-skewed: its lower quantile sits above the
+        normal one), by at most (z² − 1) SKEW_CAP / 6 standard deviations, and the bound at W = 0 is smaller."""
+        m, delta = 40_000, 0.0085
+        p_a = real_law[real_law >= 1 / m]
+        lifted, normal = (stats.KeptSetTest.build(p_a, m, delta, skew=s) for s in (True, False))
+        z = sps.norm.isf(delta)
+        gap = lifted.thresholds - normal.thresholds
+        S = float((p_a ** (2 / 3)).sum())
+        sd_max = np.sqrt(2 * S + 64 * m * lifted.xs ** 2 / p_a.min() ** (1 / 3) + 1e3) / m  # generous
+        assert (gap >= -1e-15).all() and (gap <= (z ** 2 - 1) * stats.SKEW_CAP / 6 * sd_max).all()
+        assert gap.max() > 0
+        assert lifted.upper(0.0) < normal.upper(0.0)
+
+    def test_skew_lifted_threshold_stays_below_ws_lower_quantile(self, real_law):
+        """The lifted threshold at the Hölder-equality alternative's x is below W's simulated lower δ-quantile
+        there (the test keeps its level), and the normal threshold is further below (the lift is real)."""
+        m, delta, rng = 40_000, 0.0085, np.random.default_rng(23)
+        plan = stats.BoundPlan(real_law, m)
+        kept = plan.kept
+        x = plan.expected_upper()
+        q = coverage.holder(real_law, x, plan.chosen_floor, rng)
+        x_kept = 0.5 * np.abs(q - real_law)[kept].sum()
+        w = stats.holder_statistics(rng.multinomial(m, q, size=20_000)[:, kept], real_law[kept], m)
+        quantile = np.quantile(w, delta)
+        lifted, normal = (stats.KeptSetTest.build(real_law[kept], m, delta, skew=s) for s in (True, False))
+        t_lifted, t_normal = (np.interp(x_kept, t.xs, t.thresholds) for t in (lifted, normal))
+        assert t_normal < t_lifted < quantile, (t_normal, t_lifted, quantile)
+
+    def test_batched_bounds_equal_one_at_a_time(self, real_law):
+        rng = np.random.default_rng(22)
+        for route in stats.TV_ROUTES:
+            plan = stats.BoundPlan(real_law, 30_000, route=route)
+            q = coverage.cauchy_schwarz(real_law, 0.01, plan.chosen_floor, rng)
+            counts = rng.multinomial(30_000, q, size=50)
+            assert plan.uppers(counts) == pytest.approx([plan.bound(c).upper for c in counts], abs=0)
+            w = stats.holder_statistics(counts[:, plan.kept], real_law[plan.kept], 30_000)
+            assert w == pytest.approx([stats.holder_statistic(c[plan.kept], real_law[plan.kept], 30_000)
+                                       for c in counts])
+
     def test_sharp_on_the_joint_two_token_law(self, pair, prompt):
         """The joint law of two tokens (262,144 cells, ‖p_A‖_(2/3) ≈ 30 against √|A| ≈ 50-60) is where the
         Hölder weights pay off: at m = 150,000 a correct sampler's bound has median ≈ 0.018 (the χ²
@@ -275,14 +325,14 @@ class TestTVUpperBound:
         assert bound.binding == "mcdiarmid" and coverage.tv(q, real_law) <= bound.upper == bound.mcdiarmid_route
 
     def test_combined_spends_delta_as_documented(self, real_law):
-        """combined = min(Hölder at 0.8δ (0.75δ kept set, 0.05δ tail), McDiarmid at 0.2δ)."""
+        """combined = min(Hölder at 0.9δ (0.85δ kept set, 0.05δ tail), McDiarmid at 0.1δ)."""
         rng = np.random.default_rng(12)
         m = 20_000
         for alternative in ("null", "holder", "rare_spike"):
             q = coverage.ALTERNATIVES[alternative](real_law, 0.01, 1 / m, rng)
             counts = rng.multinomial(m, q)
             combined = stats.tv_upper_bound(counts, real_law)
-            mcd = stats.tv_plugin(counts, real_law) + stats.mcdiarmid_margin(m, 0.002)
+            mcd = stats.tv_plugin(counts, real_law) + stats.mcdiarmid_margin(m, 0.001)
             assert combined.mcdiarmid_route == pytest.approx(mcd)
             assert combined.upper == pytest.approx(min(combined.holder_route, combined.mcdiarmid_route))
             alone = stats.tv_upper_bound(counts, real_law, route="holder", floor=combined.floor)

@@ -18,10 +18,10 @@ are ``N_i`` over ``m`` samples. One module per idea:
 - :mod:`~specdec_lab.stats.coverage` — the coverage study of the TV bound (``make coverage``).
 """
 
-from specdec_lab.stats.bounds import (FLOOR_MULTIPLES, TV_ROUTES, BoundPlan, KeptSetTest, TVBound,
+from specdec_lab.stats.bounds import (FLOOR_MULTIPLES, SKEW_CAP, TV_ROUTES, BoundPlan, KeptSetTest, TVBound,
                                       deviation_shapes, expected_tv_bound, expected_tv_plugin,
-                                      holder_statistic, kl_miller_madow, mcdiarmid_margin, tv_plugin,
-                                      tv_upper_bound)
+                                      holder_statistic, holder_statistics, kl_miller_madow, mcdiarmid_margin,
+                                      poisson_quadratic_k3, skew_lift, tv_plugin, tv_upper_bound)
 from specdec_lab.stats.identity import (adk_identity, chisquare_identity, closeness_two_sample,
                                         conditional_tests, dirichlet_eprocess, holm, logprob_ztest,
                                         merge_tail, pit_ks_test, randomized_pit, uniformity_test)
@@ -33,10 +33,10 @@ from specdec_lab.stats.results import (ADKResult, ChiSquareResult, ClosenessResu
 
 __all__ = [
     "ADKResult", "BoundPlan", "ChiSquareResult", "ClosenessResult", "CollisionResult", "EProcessResult",
-    "FLOOR_MULTIPLES", "HolmResult", "KSResult", "KeptSetTest", "TVBound", "TV_ROUTES", "ZResult",
+    "FLOOR_MULTIPLES", "HolmResult", "SKEW_CAP", "KSResult", "KeptSetTest", "TVBound", "TV_ROUTES", "ZResult",
     "adk_identity", "chisquare_identity", "closeness_two_sample", "collision_test", "conditional_tests",
     "deviation_shapes", "dirichlet_eprocess", "expected_tv_bound", "expected_tv_plugin", "holder_statistic",
-    "holm", "kl_miller_madow", "logprob_ztest", "mcdiarmid_margin", "merge_tail", "pair_cells",
-    "pit_ks_test", "plan_bound_by_simulation", "plan_sample_size", "plan_tv_bound_samples",
-    "power_chisquare", "randomized_pit", "tv_plugin", "tv_upper_bound", "uniformity_test",
+    "holder_statistics", "holm", "kl_miller_madow", "logprob_ztest", "mcdiarmid_margin", "merge_tail", "pair_cells",
+    "pit_ks_test", "plan_bound_by_simulation", "poisson_quadratic_k3", "plan_sample_size", "plan_tv_bound_samples",
+    "power_chisquare", "randomized_pit", "skew_lift", "tv_plugin", "tv_upper_bound", "uniformity_test",
 ]

@@ -20,12 +20,13 @@ from specdec_lab.stats.results import _counts_and_law
 TV_ROUTES = ("combined", "holder", "mcdiarmid")
 # How the combined bound spends δ = 1 − confidence (Bonferroni): the Hölder route's kept-set test,
 # its tail (Clopper–Pearson) and the shape-free McDiarmid route. The kept-set test is where a correct
-# sampler's bound comes from, so it gets most of δ (z at 0.75δ is 2.5% above z at δ, for δ = 0.01);
-# the tail holds ≈ m·p(T) <= a few samples at the chosen floor, so 0.05δ costs it little; McDiarmid is
-# the fallback for deviations piled on a few tokens, where Hölder is loose, and 0.2δ keeps its margin
-# within 8% of the old two-route split's (δ/2).
-KEPT_SHARE, TAIL_SHARE, MCDIARMID_SHARE = 0.75, 0.05, 0.2
-FLOOR_MULTIPLES = (0.25, 0.5, 1, 2, 5, 10, 20)  # candidate floors τ = c / m of the kept set A = {p >= τ}
+# sampler's bound comes from, so it gets most of δ; the tail holds ≈ m·p(T) <= a few samples at the chosen
+# floor, so 0.05δ costs it little; McDiarmid is the fallback for deviations piled on a few tokens, where
+# Hölder is loose, and its margin √(ln(1/δ_M)/2m) grows only 5% from 0.2δ to 0.1δ.
+KEPT_SHARE, TAIL_SHARE, MCDIARMID_SHARE = 0.85, 0.05, 0.1
+# Candidate floors τ = c / m of the kept set A = {p >= τ} (0: every cell with p > 0; then the tail is empty and its
+# share of δ goes to the kept-set test)
+FLOOR_MULTIPLES = (0, 0.01, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20)
 _GRID_RATIO = 1.002  # the kept-set bound is read off a geometric grid of x: rounded up by at most 0.2%
 
 
@@ -116,6 +117,23 @@ def deviation_shapes(p_a: np.ndarray) -> np.ndarray:
     return np.concatenate(rows)
 
 
+def poisson_quadratic_k3(c: np.ndarray, lam: np.ndarray) -> np.ndarray:
+    """Third cumulant of Y = (N − μ)² − N for N ~ Poisson(λ) and c = λ − μ (the count's deviation from the
+    H0 mean μ = m p): κ3(Y) = 8c³λ + (24c² + 24c + 4)λ² + 8λ³ (from Poisson's cumulant generating function;
+    its mean is c² and its variance 4c²λ + 2λ², the terms of W's variance).
+
+    >>> n = np.random.default_rng(0).poisson(30.0, 2_000_000)  # λ = 30, μ = 25: c = 5
+    >>> y = (n - 25.0) ** 2 - n
+    >>> bool(abs(sps.kstat(y, 3) / poisson_quadratic_k3(np.array(5.0), np.array(30.0)) - 1) < 0.05)
+    True
+    """
+    return 8 * c ** 3 * lam + (24 * c ** 2 + 24 * c + 4) * lam ** 2 + 8 * lam ** 3
+
+
+SKEW_CAP = 1.0  # the skewness the lift may use is clipped to [0, SKEW_CAP]
+_SKEW_GRID = np.geomspace(1e-5, 1.0, 41)  # x at which W's skewness is computed; interpolated in log x between
+
+
 @dataclass(frozen=True)
 class KeptSetTest:
     """The Hölder test on the kept set A, inverted into an upper bound on x = ½ Σ_A |q_i − p_i|.
@@ -133,7 +151,9 @@ class KeptSetTest:
     thresholds: np.ndarray  # (n_grid,)
 
     @classmethod
-    def build(cls, p_a: np.ndarray, m: int, delta: float) -> "KeptSetTest":
+    def build(cls, p_a: np.ndarray, m: int, delta: float, skew: bool = True) -> "KeptSetTest":
+        """The test at level δ. ``skew``: lift each normal quantile by W's skewness (Cornish–Fisher,
+        :func:`skew_lift`); without it the plain normal quantile (the floor search uses that, cheaper)."""
         z = sps.norm.isf(delta)
         a = p_a ** (-2.0 / 3.0)
         S = float((p_a ** (2.0 / 3.0)).sum())
@@ -147,23 +167,61 @@ class KeptSetTest:
         xs = _GRID_RATIO ** np.arange(int(np.ceil(np.log(1e-7) / np.log(_GRID_RATIO))), 1)  # 1e-7 ... 1
         x = xs[None, :]
         var = 2 * S + c1[:, None] * x + c2[:, None] * x ** 2 + c3[:, None] * x ** 3  # (n_shapes, n_grid)
-        thresholds = (alpha[:, None] * x ** 2 - z * np.sqrt(var) / m).min(0)
-        return cls(p_a, m, delta, xs, thresholds)
+        sd = np.sqrt(var) / m
+        quantiles = alpha[:, None] * x ** 2 - z * sd
+        if skew:
+            lift = skew_lift(p_a, shapes, m, z, (c1, c2, c3, S))  # (n_shapes, len(_SKEW_GRID)), in units of sd
+            log_x = np.log(xs)
+            quantiles += sd * np.stack([np.interp(log_x, np.log(_SKEW_GRID), row) for row in lift])
+        return cls(p_a, m, delta, xs, quantiles.min(0))
 
     def upper(self, w: float) -> float:
         """The bound on ½ Σ_A |q − p| given the statistic W."""
-        kept = np.flatnonzero(self.thresholds <= w)
-        if not len(kept):  # W below every threshold: every x is rejected, even x = 0
-            return 0.0
-        return float(self.xs[min(kept[-1] + 1, len(self.xs) - 1)])
+        return float(self.uppers(np.array([w]))[0])
+
+    def uppers(self, ws: np.ndarray) -> np.ndarray:
+        """:meth:`upper` of each W in ``ws`` (n,): the grid point just above the largest x with t(x) <= W
+        (0 when W is below every threshold: every x is rejected, even x = 0)."""
+        suffix_min = np.minimum.accumulate(self.thresholds[::-1])[::-1]  # (n_grid,) nondecreasing
+        last = np.searchsorted(suffix_min, ws, side="right") - 1  # the largest k with t(x_k) <= W
+        return np.where(last < 0, 0.0, self.xs[np.minimum(last + 1, len(self.xs) - 1)])
+
+
+def skew_lift(p_a: np.ndarray, shapes: np.ndarray, m: int, z: float, variance: tuple) -> np.ndarray:
+    """The Cornish–Fisher lift of W's lower z-quantile, (z² − 1) γ / 6 in units of W's sd, per deviation
+    shape (rows) at each x of ``_SKEW_GRID`` (columns).
+
+    W's summands are right-skewed, so its lower quantile sits above the normal one: q_δ ≈ E W − z sd +
+    (z² − 1) γ sd / 6 with γ = κ3(W) / sd³. The lift uses a *lower* bound on γ, so it never lifts more than
+    the expansion does: κ3(W) = Σ_A a_i³ κ3(Y_i) / m⁶ with κ3(Y_i) from :func:`poisson_quadratic_k3` at
+    c_i = ±2 m x s_i, taking each cell's smaller value over the two signs (the signs' pattern is not known),
+    over the variance's upper version (``variance``: the coefficients :meth:`KeptSetTest.build` uses),
+    clipped to [0, SKEW_CAP]. The expansion's error at the far tail is what the coverage study measures.
+    """
+    c1, c2, c3, S = variance
+    a3 = p_a ** (-2.0)  # a³ = p^(−2)
+    lift = np.empty((len(shapes), len(_SKEW_GRID)))
+    for k, x in enumerate(_SKEW_GRID):
+        dev = 2 * m * x * shapes  # (n_shapes, |A|) count deviations |c_i|
+        lam_up, lam_down = m * p_a + dev, np.maximum(m * p_a - dev, 0.0)
+        k3 = np.minimum(poisson_quadratic_k3(dev, lam_up), poisson_quadratic_k3(-dev, lam_down))
+        var = 2 * S + c1 * x + c2 * x ** 2 + c3 * x ** 3  # (n_shapes,) m² Var(W)
+        gamma = (k3 * a3).sum(1) / (m ** 3 * var ** 1.5)
+        lift[:, k] = (z ** 2 - 1) * np.clip(gamma, 0.0, SKEW_CAP) / 6
+    return lift
 
 
 def holder_statistic(counts_a: np.ndarray, p_a: np.ndarray, m: int) -> float:
     """W = Σ_A p_i^(−2/3) [(N_i − m p_i)² − N_i + N_i (N_i − 1)/(m − 1)] / m², unbiased for
     D = Σ_A p_i^(−2/3) (q_i − p_i)² under multinomial sampling (E[N(N − 1)] = m(m − 1) q²)."""
+    return float(holder_statistics(counts_a[None], p_a, m)[0])
+
+
+def holder_statistics(counts_a: np.ndarray, p_a: np.ndarray, m: int) -> np.ndarray:
+    """:func:`holder_statistic` of each row of ``counts_a`` (n, |A|) -> (n,)."""
     n = counts_a.astype(np.float64)
     pairs = n * (n - 1) / (m - 1) if m > 1 else np.zeros_like(n)
-    return float((p_a ** (-2.0 / 3.0) * ((n - m * p_a) ** 2 - n + pairs)).sum()) / m ** 2
+    return (((n - m * p_a) ** 2 - n + pairs) @ p_a ** (-2.0 / 3.0)) / m ** 2
 
 
 # ------------------------------------------------------------------------------------------ the bound
@@ -191,23 +249,26 @@ class BoundPlan:
     @property
     def shares(self) -> dict[str, float]:
         """δ of each part: kept-set test, tail, McDiarmid."""
+        return self._shares(tail_empty=not self.tail.any())
+
+    def _shares(self, tail_empty: bool) -> dict[str, float]:
         delta = 1.0 - self.confidence
+        kept, tail = (KEPT_SHARE + TAIL_SHARE, 0.0) if tail_empty else (KEPT_SHARE, TAIL_SHARE)
         if self.route == "mcdiarmid":
             return {"kept": 0.0, "tail": 0.0, "mcdiarmid": delta}
         if self.route == "holder":
-            total = KEPT_SHARE + TAIL_SHARE
-            return {"kept": delta * KEPT_SHARE / total, "tail": delta * TAIL_SHARE / total, "mcdiarmid": 0.0}
-        return {"kept": delta * KEPT_SHARE, "tail": delta * TAIL_SHARE, "mcdiarmid": delta * MCDIARMID_SHARE}
+            return {"kept": delta * kept / (kept + tail), "tail": delta * tail / (kept + tail), "mcdiarmid": 0.0}
+        return {"kept": delta * kept, "tail": delta * tail, "mcdiarmid": delta * MCDIARMID_SHARE}
 
     @cached_property
     def chosen_floor(self) -> float:
         if self.floor is not None:
             return float(self.floor)
-        return min((c / self.m for c in FLOOR_MULTIPLES), key=lambda f: self._holder_under_h0(f)[0])
+        return min((c / self.m for c in FLOOR_MULTIPLES), key=lambda f: self._holder_under_h0(f, skew=False)[0])
 
     @cached_property
     def kept(self) -> np.ndarray:
-        return self.p >= self.chosen_floor
+        return (self.p >= self.chosen_floor) & (self.p > 0)
 
     @cached_property
     def tail(self) -> np.ndarray:
@@ -217,13 +278,14 @@ class BoundPlan:
     def test(self) -> KeptSetTest | None:
         return self._holder_under_h0(self.chosen_floor)[1]
 
-    def _holder_under_h0(self, floor: float) -> tuple[float, KeptSetTest | None]:
+    def _holder_under_h0(self, floor: float, skew: bool = True) -> tuple[float, KeptSetTest | None]:
         """(the Hölder route's bound at W = 0 and tail count m p(T), its kept-set test) at a floor."""
-        kept = self.p >= floor
-        test = KeptSetTest.build(self.p[kept], self.m, self.shares["kept"]) if kept.any() else None
+        kept = (self.p >= floor) & (self.p > 0)
+        shares = self._shares(tail_empty=not (~kept & (self.p > 0)).any())
+        test = KeptSetTest.build(self.p[kept], self.m, shares["kept"], skew) if kept.any() else None
         p_tail = float(self.p[~kept].sum())
-        bound = (test.upper(0.0) if test else 0.0) + self._tail_part(p_tail, int(round(self.m * p_tail)))[0]
-        return bound, test
+        tail_part = self._tail_parts(p_tail, np.array([round(self.m * p_tail)]), shares["tail"])[0][0]
+        return (test.upper(0.0) if test else 0.0) + tail_part, test
 
     def expected_upper(self) -> float:
         """The bound when the sampler is exactly p: W at its H0 value 0, the tail count and the plug-in at
@@ -233,33 +295,50 @@ class BoundPlan:
                if self.route != "holder" else np.inf)
         return float(min(holder, mcd))
 
-    def _tail_part(self, p_tail: float, tail_n: int) -> tuple[float, float]:
-        """(½ (p(T) + q(T) upper), q(T) upper)."""
-        if p_tail <= 0 and tail_n == 0:
-            return 0.0, 0.0
-        q_up = 1.0 if tail_n >= self.m else float(sps.beta.isf(self.shares["tail"], tail_n + 1, self.m - tail_n))
+    def _tail_parts(self, p_tail: float, tail_n: np.ndarray, delta: float) -> tuple[np.ndarray, np.ndarray]:
+        """(½ (p(T) + q(T) upper), q(T) upper at level ``delta``) for each tail count in ``tail_n`` (n,)."""
+        if p_tail <= 0 and not tail_n.any():
+            return np.zeros(len(tail_n)), np.zeros(len(tail_n))
+        n = np.minimum(tail_n, self.m - 1)
+        q_up = np.where(tail_n >= self.m, 1.0, sps.beta.isf(delta, n + 1, self.m - n))
         return 0.5 * (p_tail + q_up), q_up
+
+    def routes(self, counts: np.ndarray) -> dict[str, np.ndarray]:
+        """Every part of the bound for a batch of sample sets' counts (n, V) (already checked against p):
+        "holder", "mcdiarmid" (NaN where this route leaves it out), "kept" (the kept-set bound), "w",
+        "q_tail_up", each (n,)."""
+        m, n = self.m, len(counts)
+        nan = np.full(n, np.nan)
+        parts = {"holder": nan, "mcdiarmid": nan, "kept": nan, "w": nan, "q_tail_up": nan}
+        if self.route != "holder":
+            plugin = 0.5 * np.abs(counts / m - self.p).sum(1)
+            parts["mcdiarmid"] = plugin + mcdiarmid_margin(m, self.shares["mcdiarmid"])
+        if self.route != "mcdiarmid":
+            kept = self.kept
+            w = holder_statistics(counts[:, kept], self.p[kept], m) if kept.any() else np.zeros(n)
+            kept_up = self.test.uppers(w) if self.test is not None else np.zeros(n)
+            tail_up, q_tail_up = self._tail_parts(float(self.p[self.tail].sum()), counts[:, self.tail].sum(1),
+                                                  self.shares["tail"])
+            parts.update(holder=kept_up + tail_up, kept=kept_up, w=w, q_tail_up=q_tail_up)
+        return parts
+
+    def uppers(self, counts: np.ndarray) -> np.ndarray:
+        """The bound of each sample set in a batch of counts (n, V) -> (n,)."""
+        parts = self.routes(counts)
+        return np.minimum(1.0, np.fmin(parts["holder"], parts["mcdiarmid"]))
 
     def bound(self, counts: np.ndarray) -> TVBound:
         """The bound from one sample set's counts (V,) (already checked against p)."""
-        m = self.m
-        mcd = float("nan")
-        if self.route != "holder":
-            mcd = float(0.5 * np.abs(counts / m - self.p).sum()) + mcdiarmid_margin(m, self.shares["mcdiarmid"])
-        holder, kept_up, w, q_tail_up, p_tail = float("nan"), float("nan"), float("nan"), float("nan"), float("nan")
-        if self.route != "mcdiarmid":
-            kept = self.kept
-            w = holder_statistic(counts[kept], self.p[kept], m) if kept.any() else 0.0
-            kept_up = self.test.upper(w) if self.test is not None else 0.0
-            p_tail = float(self.p[self.tail].sum())
-            tail_up, q_tail_up = self._tail_part(p_tail, int(counts[self.tail].sum()))
-            holder = kept_up + tail_up
+        parts = {k: float(v[0]) for k, v in self.routes(np.asarray(counts)[None]).items()}
+        holder, mcd = parts["holder"], parts["mcdiarmid"]
         if self.route == "holder" or (self.route == "combined" and holder <= mcd):
             upper, binding = holder, "holder"
         else:
             upper, binding = mcd, "mcdiarmid"
-        return TVBound(float(min(1.0, upper)), self.confidence, m, float(min(1.0, holder)),
-                       float(min(1.0, mcd)), binding, kept_up, w, p_tail, q_tail_up, self.chosen_floor)
+        p_tail = float(self.p[self.tail].sum()) if self.route != "mcdiarmid" else float("nan")
+        return TVBound(float(min(1.0, upper)), self.confidence, self.m, float(min(1.0, holder)),
+                       float(min(1.0, mcd)), binding, parts["kept"], parts["w"], p_tail, parts["q_tail_up"],
+                       self.chosen_floor)
 
 
 def tv_upper_bound(counts, p, *, confidence: float = 0.99, floor: float | None = None,
@@ -272,13 +351,14 @@ def tv_upper_bound(counts, p, *, confidence: float = 0.99, floor: float | None =
     confidence : float
         Coverage of the bound, e.g. 0.99; δ = 1 − confidence.
     floor : float, optional
-        The kept set A = {i: p_i >= floor}; by default the floor c/m (c in :data:`FLOOR_MULTIPLES`)
+        The kept set A = {i: p_i >= floor, p_i > 0}; by default the floor c/m (c in :data:`FLOOR_MULTIPLES`)
         that minimises the Hölder route's bound expected under H0 — a function of p and m only,
         never of the data, so choosing it costs no validity.
     route : {"combined", "holder", "mcdiarmid"}
         "holder" and "mcdiarmid" are the two bounds below, each alone at the full level δ;
-        "combined" (the default) spends 0.75δ on the Hölder route's kept-set test, 0.05δ on its
-        tail and 0.2δ on McDiarmid, and keeps the smaller of the two routes.
+        "combined" (the default) spends 0.85δ on the Hölder route's kept-set test, 0.05δ on its
+        tail (0.9δ and 0 when no cell with p > 0 lies below the floor) and 0.1δ on McDiarmid, and keeps
+        the smaller of the two routes.
 
     Returns
     -------
@@ -298,11 +378,14 @@ def tv_upper_bound(counts, p, *, confidence: float = 0.99, floor: float | None =
     S^(3/4) = ‖p_A‖_(2/3)^(1/2), against √|A| for the Cauchy–Schwarz weights 1/p (the χ² route).
     W = Σ_A a_i [(N_i − m p_i)² − N_i + N_i (N_i − 1)/(m − 1)] / m² is exactly unbiased for D
     under multinomial sampling. Its variance is *not estimated*: for each x on a grid, the test
-    of "kept-set deviation = x" rejects when W < t(x) = min_q [D(q) − z_{δ_A} sd(q)] over the
+    of "kept-set deviation = x" rejects when W < t(x) = min_q [D(q) − z_{δ_A} sd(q) + lift(q)] over the
     alternatives q of :func:`deviation_shapes` at that x, with sd(q) the Poissonised standard
     deviation of W at q, m² Var = Σ a_i² [2 q_i² + 4 m q_i (q_i − p_i)²] (its positive-deviation
-    version, the larger). The bound is the largest x not rejected (rounded up to the grid). q(T)
-    gets the Clopper–Pearson upper bound at δ_T on the tail count, which is exact.
+    version, the larger), and lift(q) = (z² − 1) γ sd / 6 the Cornish–Fisher correction for W's right
+    skew, with γ a lower bound on W's skewness at q (:func:`skew_lift`: the exact Poissonised third
+    cumulant, each cell's smaller value over the deviation's two signs, capped at 1). The bound is the
+    largest x not rejected (rounded up to the grid). q(T) gets the Clopper–Pearson upper bound at δ_T
+    on the tail count, which is exact.
 
     **McDiarmid route** (distribution-free, exact). The plug-in TV̂ = ½ Σ |N_i/m − p_i| is convex
     in the empirical law, so E[TV̂] >= TV (Jensen), and one sample changes it by at most 1/m:
@@ -310,12 +393,13 @@ def tv_upper_bound(counts, p, *, confidence: float = 0.99, floor: float | None =
     (where Hölder is loose: a large D for a small TV) costs it only its plug-in.
 
     **Validity.** The tail and McDiarmid parts hold in finite samples. The kept-set test rests on
-    (i) the normal approximation to W's lower tail — W's summands are right-skewed, which makes the
-    normal lower quantile conservative; (ii) the Poissonised variance — multinomial sampling makes
-    the counts negatively dependent, which lowers it; (iii) the least-favourable search over a family
+    (i) a one-term Cornish–Fisher expansion of W's lower tail, with the skewness bounded below (the normal
+    quantile alone sits ≈ 1 sd below W's true lower 1% point on the first-token laws: W's summands are
+    right-skewed); (ii) the Poissonised variance and cumulant — multinomial sampling makes the counts
+    negatively dependent, which lowers the variance; (iii) the least-favourable search over a family
     holding the stationary points of the leading-order problem. None is a finite-sample proof, so the
     bound was validated by a coverage study: ``make coverage`` (``python -m
-    specdec_lab.stats.coverage``) draws 2,000 replicates per case on the first-token and two-token
+    specdec_lab.coverage_study``) draws 2,000 replicates per case on the first-token and two-token
     laws of every verify row, under H0 and least-favourable alternatives (Hölder- and
     Cauchy–Schwarz-equality perturbations, a spike on a rare token, mass moved inside the tail, a
     near-floor perturbation, a deviation piled on the most likely token); the table is in
