@@ -27,6 +27,9 @@ KEPT_SHARE, TAIL_SHARE, MCDIARMID_SHARE = 0.85, 0.05, 0.1
 # Candidate floors τ = c / m of the kept set A = {p >= τ} (0: every cell with p > 0; then the tail is empty and its
 # share of δ goes to the kept-set test)
 FLOOR_MULTIPLES = (0, 0.01, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20)
+# A floor whose kept set holds more cells than this is not a candidate (unless it is the only one): building its
+# test costs seconds (deviation_shapes is (n_shapes, |A|)), and it could gain only the few cells' tail below c = 0.01
+MAX_KEPT_CELLS = 65_536
 _GRID_RATIO = 1.002  # the kept-set bound is read off a geometric grid of x: rounded up by at most 0.2%
 
 
@@ -131,7 +134,6 @@ def poisson_quadratic_k3(c: np.ndarray, lam: np.ndarray) -> np.ndarray:
 
 
 SKEW_CAP = 1.0  # the skewness the lift may use is clipped to [0, SKEW_CAP]
-_SKEW_GRID = np.geomspace(1e-5, 1.0, 41)  # x at which W's skewness is computed; interpolated in log x between
 
 
 @dataclass(frozen=True)
@@ -170,9 +172,7 @@ class KeptSetTest:
         sd = np.sqrt(var) / m
         quantiles = alpha[:, None] * x ** 2 - z * sd
         if skew:
-            lift = skew_lift(p_a, shapes, m, z, (c1, c2, c3, S))  # (n_shapes, len(_SKEW_GRID)), in units of sd
-            log_x = np.log(xs)
-            quantiles += sd * np.stack([np.interp(log_x, np.log(_SKEW_GRID), row) for row in lift])
+            quantiles += sd * skew_lift(p_a, shapes, m, z, xs, var)  # the lift is in units of sd
         return cls(p_a, m, delta, xs, quantiles.min(0))
 
     def upper(self, w: float) -> float:
@@ -187,28 +187,30 @@ class KeptSetTest:
         return np.where(last < 0, 0.0, self.xs[np.minimum(last + 1, len(self.xs) - 1)])
 
 
-def skew_lift(p_a: np.ndarray, shapes: np.ndarray, m: int, z: float, variance: tuple) -> np.ndarray:
+def skew_lift(p_a: np.ndarray, shapes: np.ndarray, m: int, z: float, xs: np.ndarray, var: np.ndarray) -> np.ndarray:
     """The Cornish–Fisher lift of W's lower z-quantile, (z² − 1) γ / 6 in units of W's sd, per deviation
-    shape (rows) at each x of ``_SKEW_GRID`` (columns).
+    shape (rows) at each x of ``xs`` (columns), given ``var`` = m² Var(W) there (n_shapes, n_grid).
 
     W's summands are right-skewed, so its lower quantile sits above the normal one: q_δ ≈ E W − z sd +
     (z² − 1) γ sd / 6 with γ = κ3(W) / sd³. The lift uses a *lower* bound on γ, so it never lifts more than
-    the expansion does: κ3(W) = Σ_A a_i³ κ3(Y_i) / m⁶ with κ3(Y_i) from :func:`poisson_quadratic_k3` at
-    c_i = ±2 m x s_i, taking each cell's smaller value over the two signs (the signs' pattern is not known),
-    over the variance's upper version (``variance``: the coefficients :meth:`KeptSetTest.build` uses),
-    clipped to [0, SKEW_CAP]. The expansion's error at the far tail is what the coverage study measures.
+    the expansion does: κ3(W) = Σ_A a_i³ κ3(Y_i) / m⁶ (Poissonised) with κ3(Y_i) from
+    :func:`poisson_quadratic_k3` at the deviation c_i = ±u_i, u_i = 2 m x s_i. Its odd part in u,
+    u³(56μ + 32) + u(48μ² + 8μ), is positive, so the negative sign gives each cell's smaller value whatever
+    the signs' pattern (and where it is infeasible, u > μ, it is still below the positive sign's, the true one):
+    κ3 >= Σ a³ [8μ³ + 4μ² − (48μ² + 8μ)u + (24μ² + 72μ + 4)u² − (56μ + 32)u³ + 32u⁴], a polynomial in x.
+    Over the variance's upper version (``var``), clipped to [0, SKEW_CAP]. The expansion's error at the
+    far tail is what the coverage study measures.
     """
-    c1, c2, c3, S = variance
-    a3 = p_a ** (-2.0)  # a³ = p^(−2)
-    lift = np.empty((len(shapes), len(_SKEW_GRID)))
-    for k, x in enumerate(_SKEW_GRID):
-        dev = 2 * m * x * shapes  # (n_shapes, |A|) count deviations |c_i|
-        lam_up, lam_down = m * p_a + dev, np.maximum(m * p_a - dev, 0.0)
-        k3 = np.minimum(poisson_quadratic_k3(dev, lam_up), poisson_quadratic_k3(-dev, lam_down))
-        var = 2 * S + c1 * x + c2 * x ** 2 + c3 * x ** 3  # (n_shapes,) m² Var(W)
-        gamma = (k3 * a3).sum(1) / (m ** 3 * var ** 1.5)
-        lift[:, k] = (z ** 2 - 1) * np.clip(gamma, 0.0, SKEW_CAP) / 6
-    return lift
+    a3, mu = p_a ** (-2.0), m * p_a  # a³ = p^(−2)
+    t = 2 * m * shapes  # (n_shapes, |A|): u = t x
+    coefficients = [np.full(len(shapes), float((a3 * (8 * mu ** 3 + 4 * mu ** 2)).sum())),
+                    -(t * (a3 * (48 * mu ** 2 + 8 * mu))).sum(1),
+                    (t ** 2 * (a3 * (24 * mu ** 2 + 72 * mu + 4))).sum(1),
+                    -(t ** 3 * (a3 * (56 * mu + 32))).sum(1),
+                    (t ** 4 * (32 * a3)).sum(1)]
+    k3 = sum(c[:, None] * xs[None, :] ** j for j, c in enumerate(coefficients))  # (n_shapes, n_grid): m⁶ κ3(W)
+    gamma = k3 / (m ** 3 * var ** 1.5)
+    return (z ** 2 - 1) * np.clip(gamma, 0.0, SKEW_CAP) / 6
 
 
 def holder_statistic(counts_a: np.ndarray, p_a: np.ndarray, m: int) -> float:
@@ -264,7 +266,8 @@ class BoundPlan:
     def chosen_floor(self) -> float:
         if self.floor is not None:
             return float(self.floor)
-        return min((c / self.m for c in FLOOR_MULTIPLES), key=lambda f: self._holder_under_h0(f, skew=False)[0])
+        floors = [c / self.m for c in FLOOR_MULTIPLES if (self.p >= c / self.m).sum() <= MAX_KEPT_CELLS]
+        return min(floors or [FLOOR_MULTIPLES[-1] / self.m], key=lambda f: self._holder_under_h0(f, skew=False)[0])
 
     @cached_property
     def kept(self) -> np.ndarray:
