@@ -233,6 +233,15 @@ class TestTVUpperBound:
         result = coverage.coverage_case(p, q, m, 1_000, rng, plan=plan)
         assert not too_many_misses(result["misses"], result["replicates"]), result
 
+    @pytest.mark.parametrize("alternative", list(coverage.ALTERNATIVES))
+    @pytest.mark.parametrize("floor", [0.0, 1e-4])
+    def test_alternatives_stay_on_the_support_of_p(self, real_law, alternative, floor):
+        """On a law with zeros (top-p), at floor 0 (every cell kept) too: q is a law on p's support."""
+        p = np.where(real_law >= np.sort(real_law)[-21], real_law, 0.0)
+        p /= p.sum()
+        q = coverage.ALTERNATIVES[alternative](p, 0.01, floor, np.random.default_rng(3))
+        assert (q >= 0).all() and q.sum() == pytest.approx(1.0) and not q[p == 0].any()
+
     @pytest.mark.parametrize("route", ["holder", "mcdiarmid"])
     @pytest.mark.parametrize("alternative", ["holder", "cauchy_schwarz", "rare_spike"])
     def test_each_route_covers_at_its_own_level(self, real_law, route, alternative):

@@ -69,7 +69,7 @@ def _moved(p: np.ndarray, onto: np.ndarray, weights: np.ndarray, tv: float) -> n
 
 
 def holder(p, tv, floor, rng):
-    return _balanced(p, np.where(p >= floor, p ** (2 / 3), 0.0), tv, rng)
+    return _balanced(p, np.where((p >= floor) & (p > 0), p ** (2 / 3), 0.0), tv, rng)
 
 
 def cauchy_schwarz(p, tv, floor, rng):
@@ -93,9 +93,10 @@ def rare_spike(p, tv, floor, rng):
 
 
 def near_floor(p, tv, floor, rng):
-    cells = np.flatnonzero((p >= floor) & (p < 4 * floor))
-    if not len(cells):
-        cells = np.flatnonzero(p >= floor)[np.argsort(p[p >= floor])[:5]]
+    kept = (p >= floor) & (p > 0)
+    cells = np.flatnonzero(kept & (p < 4 * floor))
+    if not len(cells):  # no cell within 4x the floor (or the floor is 0): the five least likely kept cells
+        cells = np.flatnonzero(kept)[np.argsort(p[kept])[:5]]
     return _moved(p, cells, np.ones(len(cells)), tv)
 
 
