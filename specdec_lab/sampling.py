@@ -185,10 +185,12 @@ class ChainConfig:
         >>> c, o = ChainConfig(order="llama.cpp", penalty_last_n=2).counts([1, 2, 2], [3], 4)
         >>> c.tolist(), o.tolist()
         ([0.0, 0.0, 1.0, 1.0], [0.0, 0.0, 0.0, 1.0])
+        >>> ChainConfig(order="llama.cpp", penalty_last_n=64).counts([1, 2, 2], [3], 4)[0].tolist()  # all of 4 < 64
+        [0.0, 1.0, 2.0, 1.0]
         """
         context = prompt + output
-        if self.order == "llama.cpp":
-            context = context[len(context) - self.penalty_last_n:] if self.penalty_last_n else []
+        if self.order == "llama.cpp":  # the window holds the last n tokens, or all of them when fewer
+            context = context[max(0, len(context) - self.penalty_last_n):] if self.penalty_last_n else []
         def count(ids):
             return torch.bincount(torch.tensor(ids, dtype=torch.long), minlength=vocab_size).to(self.sampling.dtype)
         return count(context), count(output)

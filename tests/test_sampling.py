@@ -148,6 +148,14 @@ def test_llama_cpp_window_drops_old_tokens():
     assert context.tolist() == [0, 1, 1, 1, 0, 0, 0, 0]
 
 
+@pytest.mark.parametrize("length", [1, 5, 7, 8])
+def test_llama_cpp_window_keeps_every_token_of_a_shorter_context(length):
+    """Fewer than n tokens: all of them are in the window (a negative slice start once kept only the last
+    n − len: with a 43-token prompt and n = 64, 21 tokens, which made llama-server's penalised law look wrong)."""
+    context, _ = ChainConfig(order="llama.cpp", penalty_last_n=8).counts(list(range(length - 1)), [7], 8)
+    assert int(context.sum()) == length and context[7] == 1
+
+
 def test_greedy_chain_is_argmax_of_penalised_logits():
     config = ChainConfig(SamplingConfig(temperature=0.0), repetition_penalty=4.0)
     context = torch.tensor([1.0, 0.0, 0.0])
