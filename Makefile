@@ -33,7 +33,7 @@ bench: $(STAMP)
 # the commit before the Hölder bound (404fc17) on 300 of them; writes reports/coverage/<timestamp>/. Not part of
 # `make test` (which runs a 1,000-replicate version on two laws). ARGS="--reps 500" for a quicker look.
 coverage: $(CORE_STAMP)
-	OMP_NUM_THREADS=1 $(BIN)/python -m specdec_lab.coverage_study --baseline 404fc17 $(ARGS)
+	OMP_NUM_THREADS=1 $(BIN)/python -m specdec_lab.coverage_study --baseline 404fc17 --joint-multiples 1.0 $(ARGS)
 
 # The audit tests' real llama.cpp server: llama-cpp-python built for the CPU from its pinned sdist,
 # and llama.cpp's HF -> GGUF converter extracted from the same sdist (see specdec_lab/adapters/llamacpp.py).
