@@ -247,18 +247,22 @@ def _prompt_of(sampler, options: VerifyOptions) -> str:
     return options.medusa_prompt if isinstance(sampler, MedusaConfig) else options.prompt
 
 
-def rows_to_run(pair, options: VerifyOptions) -> list[Row]:
+def rows_to_run(pair, options: VerifyOptions, lossless: bool | None = None) -> list[Row]:
     """Every row with its sample size and window: lossless rows at ``--samples``, the scale's fixed
-    size or the planned one (:func:`plan_samples`); negative controls at the scale's size."""
-    scale, plan = SCALES[options.scale], plan_samples(pair, options)
+    size or the planned one (:func:`plan_samples`); negative controls at the scale's size. ``lossless``:
+    only the lossless rows (True) or only the negative controls (False, which needs no planning)."""
+    scale = SCALES[options.scale]
+    plan = plan_samples(pair, options) if lossless is not False else {}
     rows = []
-    for index, (name, sampler, lossless) in enumerate(samplers_to_run(options)):
+    for index, (name, sampler, row_lossless) in enumerate(samplers_to_run(options)):
+        if lossless is not None and row_lossless != lossless:
+            continue
         prompt = _prompt_of(sampler, options)
-        if not lossless:
+        if not row_lossless:
             n = scale.faulty_samples
         else:
             n = options.samples or scale.correct_samples or plan[(prompt, sampler.sampling)]
-        rows.append(Row(index, name, sampler, lossless, n, row_length(sampler, options), prompt))
+        rows.append(Row(index, name, sampler, row_lossless, n, row_length(sampler, options), prompt))
     return rows
 
 
@@ -300,21 +304,28 @@ def _run_in_worker(job) -> dict:
 
 
 def run_rows(pair, rows: list[Row], options: VerifyOptions, settings: SuiteSettings, folder: Path,
-             pool: ProcessPoolExecutor | None = None):
+             pool: ProcessPoolExecutor | None = None, later=None):
     """(row, result) for every row as it finishes. With ``options.workers`` > 1 the rows run side by
     side in ``pool`` (or a :func:`worker_pool` of their own), the costliest first; the same samples
     and verdicts as one by one (scores may differ in the 7th digit: float32 forwards round with the
-    thread count)."""
+    thread count). ``later``: a function returning more rows, called once ``rows`` are queued in the pool
+    (the planning of the lossless rows, while the workers run the negative controls)."""
     if options.workers == 1:
-        for row in rows:
+        for row in rows + (later() if later else []):
             yield row, run_row(pair, row, options, settings, folder)
         return
     if pool is None:
         with worker_pool(pair, options.workers) as own:
-            yield from run_rows(pair, rows, options, settings, folder, own)
+            yield from run_rows(pair, rows, options, settings, folder, own, later)
         return
-    by_cost = sorted(rows, key=lambda r: -r.n * r.length * (1 if isinstance(r.sampler, NaiveConfig) else 5))
-    futures = {pool.submit(_run_in_worker, (row, options, settings, folder)): row for row in by_cost}
+    def batches():  # later() runs only once the first batch is queued
+        yield rows
+        yield later() if later else []
+
+    futures = {}
+    for batch in batches():
+        by_cost = sorted(batch, key=lambda r: -r.n * r.length * (1 if isinstance(r.sampler, NaiveConfig) else 5))
+        futures.update({pool.submit(_run_in_worker, (row, options, settings, folder)): row for row in by_cost})
     for future in as_completed(futures):
         yield futures[future], future.result()
 
@@ -370,17 +381,24 @@ def run_verify(pair, options: VerifyOptions) -> dict:
     settings = SuiteSettings(tolerance=scale.tolerance, joint_tolerance=scale.joint_tolerance,
                              n_resamples=scale.n_resamples)
     results = {}
-    with worker_pool(pair, options.workers) as pool:
-        rows = rows_to_run(pair, options)  # planned while the workers load the pair
+    planned: list[Row] = []
+
+    def plan_lossless() -> list[Row]:  # runs while the workers load the pair and run the negative controls
+        planned.extend(rows_to_run(pair, options, lossless=True))
         if options.progress:
-            print(f"  {len(rows)} rows on {options.workers} worker(s); planned in {time.time() - began:.0f}s",
-                  flush=True)
-        for row, result in run_rows(pair, rows, options, settings, folder, pool):
+            print(f"  {len(planned)} lossless rows planned in {time.time() - began:.0f}s; "
+                  f"{len(controls)} negative controls running on {options.workers} worker(s)", flush=True)
+        return planned
+
+    with worker_pool(pair, options.workers) as pool:
+        controls = rows_to_run(pair, options, lossless=False)
+        for row, result in run_rows(pair, controls, options, settings, folder, pool, later=plan_lossless):
             results[row.index] = result
             if options.progress:
                 suite = result["entry"]["suite"]
                 print(f"  {row.name:<42} m={row.n:<7} L={row.length:<2} {suite.verdict:<12} "
                       f"({result['seconds']:.0f}s)", flush=True)
+    rows = sorted(controls + planned, key=lambda row: row.index)
     ordered = [(row, results[row.index]) for row in rows]
     entries = [result["entry"] for _, result in ordered]
     # figures: naive and the first speculative run beside the negative controls

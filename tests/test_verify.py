@@ -24,13 +24,28 @@ def test_default_scale_plans_each_lossless_row(pair):
     assert {row.n for row in fixed if row.lossless} == {5000}
 
 
+def test_negative_controls_need_no_plan(pair, monkeypatch):
+    """The controls start in the workers before the lossless rows are planned: building them plans nothing."""
+    from specdec_lab import verify
+
+    options = VerifyOptions(medusa=False)
+    everything = {row.index: row for row in rows_to_run(pair, options)}
+    lossless = rows_to_run(pair, options, lossless=True)
+    monkeypatch.setattr(verify, "plan_samples", lambda *a: pytest.fail("the controls planned"))
+    controls = rows_to_run(pair, options, lossless=False)
+    assert controls and all(not row.lossless for row in controls) and all(row.lossless for row in lossless)
+    assert {row.index: row for row in controls + lossless} == everything
+
+
 def test_rows_run_the_same_in_worker_processes(pair, tmp_path):
     options = VerifyOptions(scale="smoke", progress=False, workers=1)
     rows = [replace(row, n=400) for row in rows_to_run(pair, options)
             if row.name in ("speculative K=4 T=1", "faulty: always_accept")]
     settings = SuiteSettings(n_resamples=199)
     alone = {row.index: r for row, r in run_rows(pair, rows, options, settings, tmp_path / "one")}
-    pooled = {row.index: r for row, r in run_rows(pair, rows, replace(options, workers=2), settings, tmp_path / "two")}
+    # the second row joins the pool later, as the planned lossless rows join the running negative controls
+    pooled = {row.index: r for row, r in run_rows(pair, rows[:1], replace(options, workers=2), settings,
+                                                  tmp_path / "two", later=lambda: rows[1:])}
     assert alone.keys() == pooled.keys() == {row.index for row in rows}
     for index in alone:
         a, b = alone[index], pooled[index]
