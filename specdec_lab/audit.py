@@ -39,8 +39,8 @@ from specdec_lab.suite import SuiteResult, SuiteSettings, run_suite, score
 # Default prompts of the engine audits (``--prompt`` overrides). An engine verdict bounds the joint law of tokens
 # 1–2, which costs samples in proportion to that law's spread; after a speaker tag the target's token 1 is the
 # newline (p = 0.995 at T = 1, 1.000 at T = 0.7 and with top-p 0.9), so the joint law is about the law of token
-# 2 alone and the joint bound costs what a single-token bound costs (72,881 samples at ε = 0.02 with assurance
-# 0.999 at T = 1, the same as the token-1 bound after "ROMEO:\n"), while token 2 — the first drafted one — keeps
+# 2 alone and the joint bound costs about what a single-token bound costs (at ε = 0.02 with assurance 0.999,
+# about the token-1 bound's m after "ROMEO:\n"), while token 2 — the first drafted one — keeps
 # a broad law (top token 0.13), so drafts are rejected often enough to exercise the residual.
 DEFAULT_PROMPT = "HAMLET."
 # Prompt lookup drafts only where the context's last n-gram recurs in it, and keeps drafting only while the

@@ -302,6 +302,17 @@ class TestTVUpperBound:
         t_lifted, t_normal = (np.interp(x_kept, t.xs, t.thresholds) for t in (lifted, normal))
         assert t_normal < t_lifted < quantile, (t_normal, t_lifted, quantile)
 
+    def test_a_low_w_never_certifies_more_than_w_zero(self, real_law):
+        """Counts at exactly m·p make W negative (below its H0 mean); the kept-set bound is then the one at W = 0,
+        never the empty confidence set's 0."""
+        m = 40_000
+        plan = stats.BoundPlan(real_law, m, floor=0.0)
+        counts = np.round(m * real_law).astype(np.int64)
+        counts[np.argmax(counts)] += m - counts.sum()
+        bound = plan.bound(counts)
+        assert bound.d_estimate < 0
+        assert bound.kept_upper == plan.test.upper(0.0) > 0.002
+
     def test_batched_bounds_equal_one_at_a_time(self, real_law):
         rng = np.random.default_rng(22)
         for route in stats.TV_ROUTES:

@@ -319,7 +319,10 @@ class BoundPlan:
         if self.route != "mcdiarmid":
             kept = self.kept
             w = holder_statistics(counts[:, kept], self.p[kept], m) if kept.any() else np.zeros(n)
-            kept_up = self.test.uppers(w) if self.test is not None else np.zeros(n)
+            # W below its H0 mean 0 is read as 0: it says the sample fluctuated low, not that the deviation is
+            # smaller than m samples resolve (and it can fall below every threshold: an empty confidence set, a
+            # "bound" of 0). Only raising the bound, this keeps it valid.
+            kept_up = self.test.uppers(np.maximum(w, 0.0)) if self.test is not None else np.zeros(n)
             tail_up, q_tail_up = self._tail_parts(float(self.p[self.tail].sum()), counts[:, self.tail].sum(1),
                                                   self.shares["tail"])
             parts.update(holder=kept_up + tail_up, kept=kept_up, w=w, q_tail_up=q_tail_up)
@@ -387,7 +390,9 @@ def tv_upper_bound(counts, p, *, confidence: float = 0.99, floor: float | None =
     version, the larger), and lift(q) = (z² − 1) γ sd / 6 the Cornish–Fisher correction for W's right
     skew, with γ a lower bound on W's skewness at q (:func:`skew_lift`: the exact Poissonised third
     cumulant, each cell's smaller value over the deviation's two signs, capped at 1). The bound is the
-    largest x not rejected (rounded up to the grid). q(T) gets the Clopper–Pearson upper bound at δ_T
+    largest x not rejected (rounded up to the grid), with W read as max(W, 0): a W below its H0 mean
+    can fall below every threshold (an empty confidence set: a "bound" of 0, valid but a claim m samples
+    cannot back), and raising it keeps the bound valid. q(T) gets the Clopper–Pearson upper bound at δ_T
     on the tail count, which is exact.
 
     **McDiarmid route** (distribution-free, exact). The plug-in TV̂ = ½ Σ |N_i/m − p_i| is convex
