@@ -279,7 +279,9 @@ def run_suite(name: str, tokens: np.ndarray, scores: Scores, settings: SuiteSett
 
 def _verdict(global_p: float, bound: stats.TVBound, joint: stats.TVBound | None, settings: SuiteSettings,
              m: int, rejected_by: tuple = ()):
-    conf = f"{100 * settings.confidence:g}%"
+    conf = f"{100 * settings.confidence:g}% confidence"
+    if joint is not None:  # two bounds: each holds at the level, both at once at >= 2·level − 1 (Bonferroni)
+        conf = f"{conf} each ({100 * (2 * settings.confidence - 1):g}% both at once)"
     if global_p < settings.alpha:
         return "rejected", (f"differs from the target law (Holm p = {global_p:.2g} < α = {settings.alpha:g}; "
                             f"rejected by {', '.join(rejected_by)})")
@@ -292,7 +294,7 @@ def _verdict(global_p: float, bound: stats.TVBound, joint: stats.TVBound | None,
     within = bound.upper <= settings.tolerance and (not need_joint or joint.upper <= settings.joint_tolerance)
     tolerance = f"ε = {settings.tolerance:g}" + (f" (joint: {settings.joint_tolerance:g})" if need_joint else "")
     if within:
-        return "equivalent", f"{said} at {conf} confidence: equivalent within {tolerance}"
+        return "equivalent", f"{said} at {conf}: equivalent within {tolerance}"
     return "inconclusive", f"not rejected, but {said} at {conf} exceeds {tolerance}; collect more samples (m = {m})"
 
 
