@@ -318,14 +318,15 @@ def run_rows(pair, rows: list[Row], options: VerifyOptions, settings: SuiteSetti
         with worker_pool(pair, options.workers) as own:
             yield from run_rows(pair, rows, options, settings, folder, own, later)
         return
-    def batches():  # later() runs only once the first batch is queued
-        yield rows
-        yield later() if later else []
-
     futures = {}
-    for batch in batches():
+
+    def submit(batch: list[Row]) -> None:
         by_cost = sorted(batch, key=lambda r: -r.n * r.length * (1 if isinstance(r.sampler, NaiveConfig) else 5))
         futures.update({pool.submit(_run_in_worker, (row, options, settings, folder)): row for row in by_cost})
+
+    submit(rows)
+    if later:  # called only once ``rows`` are queued
+        submit(later())
     for future in as_completed(futures):
         yield futures[future], future.result()
 

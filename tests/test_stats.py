@@ -273,6 +273,32 @@ class TestTVUpperBound:
         assert abs(sps.kstat(y, 3) - k3) < 5 * se, (sps.kstat(y, 3), k3)
         assert y.mean() == pytest.approx(c ** 2, abs=5 * y.std() / np.sqrt(len(y)))
 
+    def test_skew_polynomial_is_the_summed_negative_sign_cumulant(self, real_law):
+        """The closed-form coefficients equal Σ a³ κ3 at the negative sign, and that is each cell's smaller value."""
+        m, p_a = 30_000, real_law[real_law > 0]
+        shapes = stats.deviation_shapes(p_a)[::37]
+        coefficients = stats.skew_k3_coefficients(p_a, shapes, m)
+        for x in (1e-4, 3e-3, 0.02):
+            u, mu = 2 * m * x * shapes, m * p_a
+            down = stats.poisson_quadratic_k3(-u, mu - u)
+            assert (down <= stats.poisson_quadratic_k3(u, mu + u)).all()
+            expected = (p_a ** -2.0 * down).sum(1)
+            got = sum(c * x ** j for j, c in enumerate(coefficients))
+            np.testing.assert_allclose(got, expected, rtol=1e-9)
+
+    def test_an_empty_tail_gives_its_delta_to_the_kept_set(self, real_law):
+        full = stats.BoundPlan(real_law, 40_000, floor=0.0)
+        cut = stats.BoundPlan(real_law, 40_000, floor=1e-4)
+        assert not full.tail.any() and cut.tail.any()
+        assert full.shares == pytest.approx({"kept": 0.009, "tail": 0.0, "mcdiarmid": 0.001})
+        assert cut.shares == pytest.approx({"kept": 0.0085, "tail": 0.0005, "mcdiarmid": 0.001})
+
+    def test_floor_candidates_keep_at_most_the_cell_cap(self):
+        p = zipf(70_000)
+        plan = stats.BoundPlan(p, 10_000)
+        assert p.size > stats.bounds.MAX_KEPT_CELLS  # floor 0 would keep every cell: not a candidate
+        assert plan.chosen_floor > 0 and 0 < plan.kept.sum() <= stats.bounds.MAX_KEPT_CELLS
+
     def test_skew_lift_raises_the_quantiles_by_at_most_its_cap(self, real_law):
         """With the skew lift every threshold is higher (W is right-skewed: its lower quantile sits above the
         normal one), by at most (z² − 1) SKEW_CAP / 6 standard deviations, and the bound at W = 0 is smaller."""

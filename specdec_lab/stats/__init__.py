@@ -21,7 +21,8 @@ are ``N_i`` over ``m`` samples. One module per idea:
 from specdec_lab.stats.bounds import (FLOOR_MULTIPLES, SKEW_CAP, TV_ROUTES, BoundPlan, KeptSetTest, TVBound,
                                       deviation_shapes, expected_tv_bound, expected_tv_plugin,
                                       holder_statistic, holder_statistics, kl_miller_madow, mcdiarmid_margin,
-                                      poisson_quadratic_k3, skew_lift, tv_plugin, tv_upper_bound)
+                                      poisson_quadratic_k3, skew_k3_coefficients, skew_lift, tv_plugin,
+                                      tv_upper_bound)
 from specdec_lab.stats.identity import (adk_identity, chisquare_identity, closeness_two_sample,
                                         conditional_tests, dirichlet_eprocess, holm, logprob_ztest,
                                         merge_tail, pit_ks_test, randomized_pit, uniformity_test)
@@ -38,5 +39,5 @@ __all__ = [
     "deviation_shapes", "dirichlet_eprocess", "expected_tv_bound", "expected_tv_plugin", "holder_statistic",
     "holder_statistics", "holm", "kl_miller_madow", "logprob_ztest", "mcdiarmid_margin", "merge_tail", "pair_cells",
     "pit_ks_test", "plan_bound_by_simulation", "poisson_quadratic_k3", "plan_sample_size", "plan_tv_bound_samples",
-    "power_chisquare", "randomized_pit", "skew_lift", "tv_plugin", "tv_upper_bound", "uniformity_test",
+    "power_chisquare", "randomized_pit", "skew_k3_coefficients", "skew_lift", "tv_plugin", "tv_upper_bound", "uniformity_test",
 ]

@@ -27,8 +27,8 @@ KEPT_SHARE, TAIL_SHARE, MCDIARMID_SHARE = 0.85, 0.05, 0.1
 # Candidate floors τ = c / m of the kept set A = {p >= τ} (0: every cell with p > 0; then the tail is empty and its
 # share of δ goes to the kept-set test)
 FLOOR_MULTIPLES = (0, 0.01, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20)
-# A floor whose kept set holds more cells than this is not a candidate (unless it is the only one): building its
-# test costs seconds (deviation_shapes is (n_shapes, |A|)), and it could gain only the few cells' tail below c = 0.01
+# A floor c/m with more than this many cells of p >= c/m (p = 0 included at c = 0) is not a candidate (unless none
+# is left): building its test costs seconds (deviation_shapes is (n_shapes, |A|)), for the few cells below c = 0.01
 MAX_KEPT_CELLS = 65_536
 _GRID_RATIO = 1.002  # the kept-set bound is read off a geometric grid of x: rounded up by at most 0.2%
 
@@ -201,16 +201,23 @@ def skew_lift(p_a: np.ndarray, shapes: np.ndarray, m: int, z: float, xs: np.ndar
     Over the variance's upper version (``var``), clipped to [0, SKEW_CAP]. The expansion's error at the
     far tail is what the coverage study measures.
     """
-    a3, mu = p_a ** (-2.0), m * p_a  # a³ = p^(−2)
-    t = 2 * m * shapes  # (n_shapes, |A|): u = t x
-    coefficients = [np.full(len(shapes), float((a3 * (8 * mu ** 3 + 4 * mu ** 2)).sum())),
-                    -(t * (a3 * (48 * mu ** 2 + 8 * mu))).sum(1),
-                    (t ** 2 * (a3 * (24 * mu ** 2 + 72 * mu + 4))).sum(1),
-                    -(t ** 3 * (a3 * (56 * mu + 32))).sum(1),
-                    (t ** 4 * (32 * a3)).sum(1)]
+    coefficients = skew_k3_coefficients(p_a, shapes, m)  # (5, n_shapes)
     k3 = sum(c[:, None] * xs[None, :] ** j for j, c in enumerate(coefficients))  # (n_shapes, n_grid): m⁶ κ3(W)
     gamma = k3 / (m ** 3 * var ** 1.5)
     return (z ** 2 - 1) * np.clip(gamma, 0.0, SKEW_CAP) / 6
+
+
+def skew_k3_coefficients(p_a: np.ndarray, shapes: np.ndarray, m: int) -> np.ndarray:
+    """(5, n_shapes): the coefficients c_j of x^j in Σ_A a_i³ κ3(−u_i, μ_i − u_i), u_i = 2 m x s_i, μ_i = m p_i
+    (:func:`poisson_quadratic_k3` at the negative sign, expanded in x): m⁶ times the lower bound on κ3(W) that
+    :func:`skew_lift` uses."""
+    a3, mu = p_a ** (-2.0), m * p_a  # a³ = p^(−2)
+    t = 2 * m * shapes  # (n_shapes, |A|): u = t x
+    return np.stack([np.full(len(shapes), float((a3 * (8 * mu ** 3 + 4 * mu ** 2)).sum())),
+                     -(t * (a3 * (48 * mu ** 2 + 8 * mu))).sum(1),
+                     (t ** 2 * (a3 * (24 * mu ** 2 + 72 * mu + 4))).sum(1),
+                     -(t ** 3 * (a3 * (56 * mu + 32))).sum(1),
+                     (t ** 4 * (32 * a3)).sum(1)])
 
 
 def holder_statistic(counts_a: np.ndarray, p_a: np.ndarray, m: int) -> float:
@@ -271,7 +278,11 @@ class BoundPlan:
 
     @cached_property
     def kept(self) -> np.ndarray:
-        return (self.p >= self.chosen_floor) & (self.p > 0)
+        return self._kept_at(self.chosen_floor)
+
+    def _kept_at(self, floor: float) -> np.ndarray:
+        """The kept set A = {p >= floor, p > 0} (V,) bool; the tail is the rest of p's support."""
+        return (self.p >= floor) & (self.p > 0)
 
     @cached_property
     def tail(self) -> np.ndarray:
@@ -283,8 +294,8 @@ class BoundPlan:
 
     def _holder_under_h0(self, floor: float, skew: bool = True) -> tuple[float, KeptSetTest | None]:
         """(the Hölder route's bound at W = 0 and tail count m p(T), its kept-set test) at a floor."""
-        kept = (self.p >= floor) & (self.p > 0)
-        shares = self._shares(tail_empty=not (~kept & (self.p > 0)).any())
+        kept = self._kept_at(floor)
+        shares = self._shares(tail_empty=bool(kept.sum() == (self.p > 0).sum()))
         test = KeptSetTest.build(self.p[kept], self.m, shares["kept"], skew) if kept.any() else None
         p_tail = float(self.p[~kept].sum())
         tail_part = self._tail_parts(p_tail, np.array([round(self.m * p_tail)]), shares["tail"])[0][0]
@@ -330,7 +341,11 @@ class BoundPlan:
 
     def uppers(self, counts: np.ndarray) -> np.ndarray:
         """The bound of each sample set in a batch of counts (n, V) -> (n,)."""
-        parts = self.routes(counts)
+        return self.combined(self.routes(counts))
+
+    @staticmethod
+    def combined(parts: dict[str, np.ndarray]) -> np.ndarray:
+        """The bound from :meth:`routes`' parts: the smaller route (a route left out is NaN), at most 1."""
         return np.minimum(1.0, np.fmin(parts["holder"], parts["mcdiarmid"]))
 
     def bound(self, counts: np.ndarray) -> TVBound:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from specdec_lab.stats.bounds import BoundPlan
+from specdec_lab.stats.planning import multinomial_batches
 
 
 def _balanced(p: np.ndarray, profile: np.ndarray, tv: float, rng: np.random.Generator) -> np.ndarray:
@@ -123,21 +124,19 @@ def tv(q: np.ndarray, p: np.ndarray) -> float:
 
 def coverage_case(p: np.ndarray, q: np.ndarray, m: int, reps: int, rng: np.random.Generator, *,
                   confidence: float = 0.99, baseline=None, baseline_reps: int = 0,
-                  plan: BoundPlan | None = None, batch: int | None = None) -> dict:
-    """Draw ``reps`` sample sets of m from q (in batches of ``batch``); bound each against p. Returns the true
-    TV, the miss count and rate, the median bound, the binding route's shares and (with ``baseline``, a
-    function counts, p -> bound) the baseline's median bound on the first ``baseline_reps`` sample sets."""
+                  plan: BoundPlan | None = None) -> dict:
+    """Draw ``reps`` sample sets of m from q (in batches); bound each against p. Returns the true TV, the miss
+    count and rate, the median bound, the binding route's shares and (with ``baseline``, a function
+    counts, p -> bound) the baseline's median bound on the first ``baseline_reps`` sample sets."""
     plan = BoundPlan(p, m, confidence) if plan is None else plan
     truth = tv(q, p)
-    batch = batch or max(1, 4_000_000 // len(p))
     uppers, mcd, base = [], 0, []
-    for start in range(0, reps, batch):
-        counts = rng.multinomial(m, q, size=min(batch, reps - start))  # (n, V)
+    for counts in multinomial_batches(m, q, reps, rng):  # (n, V)
         parts = plan.routes(counts)
-        uppers.append(np.minimum(1.0, np.fmin(parts["holder"], parts["mcdiarmid"])))
+        uppers.append(plan.combined(parts))
         mcd += int((parts["mcdiarmid"] < parts["holder"]).sum())
         if baseline is not None:
-            base += [baseline(c, p) for c in counts[:max(0, baseline_reps - start)]]
+            base += [baseline(c, p) for c in counts[:max(0, baseline_reps - len(base))]]
     uppers = np.concatenate(uppers)
     misses = int((uppers < truth).sum())
     return {"true TV": truth, "m": m, "replicates": reps, "misses": misses, "miss rate": misses / reps,

@@ -24,12 +24,17 @@ EARLY_DRAWS, EARLY_FAIL_LEVEL, EARLY_PASS_Z = 2_000, 1e-3, 5.0
 _BATCH_CELLS = 4_000_000  # counts drawn per batch: draws x cells
 
 
+def multinomial_batches(m: int, law: np.ndarray, draws: int, rng: np.random.Generator):
+    """``draws`` sample sets of m i.i.d. draws from ``law`` (V,), as count arrays (n, V) of about _BATCH_CELLS
+    counts each."""
+    batch = max(1, _BATCH_CELLS // law.size)
+    for start in range(0, draws, batch):
+        yield rng.multinomial(m, law, size=min(batch, draws - start))
+
+
 def simulated_bounds(plan: BoundPlan, draws: int, rng: np.random.Generator) -> np.ndarray:
-    """The bound of ``draws`` sample sets of ``plan.m`` i.i.d. draws from ``plan.p`` itself (draws,),
-    drawn and bounded in batches."""
-    batch = max(1, _BATCH_CELLS // plan.p.size)
-    return np.concatenate([plan.uppers(rng.multinomial(plan.m, plan.p, size=min(batch, draws - start)))
-                           for start in range(0, draws, batch)])
+    """The bound of ``draws`` sample sets of ``plan.m`` i.i.d. draws from ``plan.p`` itself (draws,)."""
+    return np.concatenate([plan.uppers(counts) for counts in multinomial_batches(plan.m, plan.p, draws, rng)])
 
 
 def plan_bound_by_simulation(p, eps: float, *, confidence: float = 0.99, assurance: float = 0.999,
