@@ -156,7 +156,8 @@ class AuditResult:
         from specdec_lab.adapters.endpoint import speculation_summary
 
         stats = self.samples.meta.get("stats") or {}
-        per_pass = stats["emitted_tokens"] / stats["target_passes"] if stats.get("target_passes") else np.nan
+        per_pass = (stats["emitted_tokens"] / stats["target_passes"] if stats.get("target_passes")
+                    and "emitted_tokens" in stats else np.nan)
         if stats.get("draft_steps"):  # vLLM's own counters: mean acceptance length per verification pass
             per_pass = 1 + stats["accepted_tokens"] / stats["draft_steps"]
         s, drafted, verdict = self.suite, self.drafting, self.verdict

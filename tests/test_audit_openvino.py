@@ -15,7 +15,10 @@ What is checked, each against the real engine:
   (asked for T = 0.7, scored at T = 1) is rejected;
 - the engine's own per-request counters show token 2 drafted in every sample at L = 3 (prefix caching off);
 - the finding (docs/audit-openvino.md): with LLMPipeline's default prefix caching, sampled speculative decoding
-  raises in `Sequence::_make_hash` and the pipeline then never accepts a draft again, even greedy.
+  raises in `Sequence::_make_hash` and the pipeline then never accepts a draft again, even greedy;
+- the finding: ContinuousBatchingPipeline with a draft model drafts token 1 for requests past the main model's
+  prefill budget and replaces a rejected candidate with a draw from the next position's law (tokens of
+  probability 0 at token 1 under top-k 20), where the same pipeline without a draft gives none.
 
 Power: the negative control's first token alone has TV(p_0.7, p_1) ≈ 0.12 after "HAMLET." (see README), so at
 m = 1,500 the suite rejects with power > 0.999 at α = 1e-3; the plain row at m = 1,500 is rejected with
@@ -98,6 +101,31 @@ def test_finding_default_prefix_caching_breaks_sampled_speculation(pair):
         assert reply["counters"][0]["accepted"] > 0, reply["counters"]
     finally:
         fresh.close()
+
+
+def token_one_outside_top_k(pair, prompt: str, tokens, k: int) -> int:
+    """How many first tokens lie outside the target's top-k after ``prompt`` (probability 0 under the law asked)."""
+    with torch.no_grad():
+        logits = pair.target(torch.as_tensor(pair.encode(prompt)).reshape(1, -1)).logits[0, -1]
+    allowed = torch.topk(logits, k).indices
+    return int((~torch.isin(torch.as_tensor(tokens[:, 0]), allowed)).sum())
+
+
+def test_finding_continuous_batching_drafts_token_one(pair):
+    """ContinuousBatchingPipeline + draft model, 500 requests per generate() (more prompt tokens than the main
+    scheduler's 256-token prefill budget): the draft proposes token 1 for the requests not yet prefilled, and a
+    candidate that differs from the target's own draw is replaced by a sample of the *next* position's top-k, so
+    token 1 falls outside the target's top-20 (docs/repro/openvino_cb_token1.py: 702 of 1,000 after "HAMLET.\n").
+    The same pipeline without a draft model: none."""
+    prompt, sampling = "HAMLET.\n", SamplingConfig(top_k=20)
+    outside = {}
+    for method in ("draft_model", "none"):
+        config = openvino.OpenvinoConfig(method=method, pipeline="continuous-batching", sampling=sampling,
+                                         job_size=500, progress=False)
+        result = config.draw(pair, pair.encode(prompt), 500, 2, torch.Generator().manual_seed(0))
+        outside[method] = token_one_outside_top_k(pair, prompt, result.tokens.numpy(), 20)
+    assert outside["none"] == 0
+    assert outside["draft_model"] > 100, outside  # ≈ 70% of the requests past the first ≈ 36
 
 
 def test_bad_settings_are_clear_errors():
