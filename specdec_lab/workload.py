@@ -787,8 +787,8 @@ def two_sample_results(workload: Workload, frames: dict, reference: dict, settin
         if a.sum() and b.sum():
             test = stats.closeness_two_sample(a, b, n_resamples=settings.n_resamples, rng=rng)
             plugin = 0.5 * float(np.abs(a / a.sum() - b / b.sum()).sum())
-            margin = math.sqrt(math.log(1 / (1 - settings.confidence)) * (1 / a.sum() + 1 / b.sum()) / 2)
-            row.update({"closeness p": test.pvalue, "TV plug-in": plugin, "TV upper 99%": min(1.0, plugin + margin)})
+            upper = float(stats.two_sample_tv_upper(a, b, settings.confidence))
+            row.update({"closeness p": test.pvalue, "TV plug-in": plugin, "TV upper 99%": upper})
         rows.append(row)
     table = pd.DataFrame(rows)
     if "closeness p" in table:
@@ -829,7 +829,8 @@ def add_workload_parser(kinds) -> None:
     w.add_argument("--workload", type=Path, default=None, help=f"YAML/JSON workload (default: {DEFAULT_WORKLOAD.name}, "
                                                               "bundled)")
     w.add_argument("--samples", type=int, default=400, help="samples per cell (choices)")
-    w.add_argument("--out", type=Path, required=True, help="folder of the per-cell parquet files (resumes)")
+    w.add_argument("--out", type=Path, default=None,
+                   help="folder of the per-cell parquet files (resumes); required unless --plan")
     w.add_argument("--model", default=None, help="the request's model field (default: the served alias, or target)")
     w.add_argument("--engine", default="llama.cpp", choices=sorted(ENGINES),
                    help="request dialect and sampler order of the server (the exact law follows its order)")
@@ -855,15 +856,19 @@ def add_workload_parser(kinds) -> None:
 
 def plan_cells(laws: LawBook, workload: Workload, tolerance: float, seed: int = 0) -> pd.DataFrame:
     """Per cell: m at which a correct server's TV bound is <= ``tolerance`` with probability 0.999
-    (:func:`stats.plan_bound_by_simulation` on the cell's exact law; greedy cells: the Clopper–Pearson m)."""
+    (:func:`stats.plan_bound_by_simulation` on the cell's exact law; greedy cells: the Clopper–Pearson m), and what
+    two-sample mode needs from *each* of its two servers for the same (:func:`stats.plan_two_sample_bound`)."""
     rows = []
     for cell in workload.cells:
+        law = laws.stop_outcomes(cell)[1] if cell.observes_text else laws.joint(cell)
+        law = law[law > 0]
         if cell.greedy and not cell.observes_text:
             m = math.ceil(math.log(0.01) / math.log(1 - tolerance))
         else:
-            law = laws.stop_outcomes(cell)[1] if cell.observes_text else laws.joint(cell)
-            m = stats.plan_bound_by_simulation(law[law > 0], tolerance, rng=np.random.default_rng(seed))
-        rows.append({"cell": cell.name, "settings": cell.label(), "m planned": m})
+            m = stats.plan_bound_by_simulation(law, tolerance, rng=np.random.default_rng(seed))
+        two = stats.plan_two_sample_bound(law, tolerance, rng=np.random.default_rng(seed))
+        rows.append({"cell": cell.name, "settings": cell.label(), "m planned": m,
+                     "two-sample m (each server)": two, "two-sample cost": 2 * two / m})
     return pd.DataFrame(rows)
 
 
@@ -883,6 +888,8 @@ def cmd_workload(args) -> int:
         raise ValueError("need --samples >= 1, --concurrency >= 1, 0 < --tolerance < 1 and 0 < --alpha < 1")
     if args.reference_url == "bundled" and not args.serve_bundled:
         raise ValueError("--reference-url bundled needs --serve-bundled")
+    if args.out is None and not args.plan:
+        raise ValueError("--out is required (the folder of the per-cell parquet files), unless --plan")
     pair = pair_from_args(args)
     suite = SuiteSettings(alpha=args.alpha, tolerance=args.tolerance, joint_tolerance=args.tolerance, n_resamples=2000)
     if args.plan:

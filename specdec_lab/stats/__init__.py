@@ -22,13 +22,13 @@ from specdec_lab.stats.bounds import (FLOOR_MULTIPLES, SKEW_CAP, TV_ROUTES, Boun
                                       deviation_shapes, expected_tv_bound, expected_tv_plugin,
                                       holder_statistic, holder_statistics, kl_miller_madow, mcdiarmid_margin,
                                       poisson_quadratic_k3, skew_k3_coefficients, skew_lift, tv_plugin,
-                                      tv_upper_bound)
+                                      tv_upper_bound, two_sample_tv_upper)
 from specdec_lab.stats.identity import (adk_identity, chisquare_identity, closeness_two_sample,
                                         conditional_tests, dirichlet_eprocess, holm, logprob_ztest,
                                         merge_tail, pit_ks_test, randomized_pit, uniformity_test)
 from specdec_lab.stats.independence import _collision_null, _collision_parts, collision_test, pair_cells
 from specdec_lab.stats.planning import (plan_bound_by_simulation, plan_sample_size, plan_tv_bound_samples,
-                                        power_chisquare)
+                                        plan_two_sample_bound, power_chisquare)
 from specdec_lab.stats.results import (ADKResult, ChiSquareResult, ClosenessResult, CollisionResult,
                                        EProcessResult, HolmResult, KSResult, ZResult)
 
@@ -39,5 +39,7 @@ __all__ = [
     "deviation_shapes", "dirichlet_eprocess", "expected_tv_bound", "expected_tv_plugin", "holder_statistic",
     "holder_statistics", "holm", "kl_miller_madow", "logprob_ztest", "mcdiarmid_margin", "merge_tail", "pair_cells",
     "pit_ks_test", "plan_bound_by_simulation", "poisson_quadratic_k3", "plan_sample_size", "plan_tv_bound_samples",
-    "power_chisquare", "randomized_pit", "skew_k3_coefficients", "skew_lift", "tv_plugin", "tv_upper_bound", "uniformity_test",
+    "plan_two_sample_bound",
+    "power_chisquare", "randomized_pit", "skew_k3_coefficients", "skew_lift", "tv_plugin", "tv_upper_bound", "two_sample_tv_upper",
+    "uniformity_test",
 ]

@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats as sps
 
-from specdec_lab.stats.bounds import BoundPlan, expected_tv_bound, tv_upper_bound  # noqa: F401 (doctests)
+from specdec_lab.stats.bounds import (BoundPlan, expected_tv_bound, tv_upper_bound,  # noqa: F401 (doctests)
+                                     two_sample_tv_upper)
 
 
 SMALL_LAW_CELLS = 16_384  # laws up to this many cells (a first-token law) get SMALL_LAW_DRAWS draws per m
@@ -88,6 +89,41 @@ def plan_bound_by_simulation(p, eps: float, *, confidence: float = 0.99, assuran
         lo, hi = hi, hi * 2
         if hi > 2 ** 30:
             raise ValueError(f"no sample size up to 2^30 gets the TV bound below eps = {eps}")
+    while lo and hi / lo > 1 + precision:
+        mid = int(np.sqrt(lo * hi))
+        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+    return int(hi)
+
+
+def plan_two_sample_bound(p, eps: float, *, confidence: float = 0.99, assurance: float = 0.999,
+                          draws: int = LARGE_LAW_DRAWS, rng: np.random.Generator | None = None,
+                          precision: float = LARGE_LAW_PRECISION) -> int:
+    """Samples m *per server* at which two correct servers' :func:`two_sample_tv_upper` is below ε with
+    probability about ``assurance``: both samples drawn from p itself, ``draws`` pairs per m, m passes when
+    mean + z_assurance · sd <= ε; doubling, then bisection on log m to ``precision``. The exact mode's
+    counterpart is :func:`plan_bound_by_simulation` (one server, p known); their ratio is what the two-sample mode
+    costs (two servers at this m each).
+
+    >>> m = plan_two_sample_bound(np.full(10, 0.1), 0.05, rng=np.random.default_rng(0))
+    >>> bool(m >= np.log(100) / 0.05 ** 2)   # the margin alone needs this many
+    True
+    """
+    p = np.asarray(p, dtype=np.float64)
+    if not 0 < eps < 1:
+        raise ValueError(f"eps must lie in (0, 1), got {eps!r}")
+    rng = np.random.default_rng() if rng is None else rng
+    z = sps.norm.isf(1 - assurance)
+
+    def ok(m: int) -> bool:
+        bounds = np.concatenate([two_sample_tv_upper(x, y, confidence) for x, y in
+                                 zip(multinomial_batches(m, p, draws, rng), multinomial_batches(m, p, draws, rng))])
+        return bounds.mean() + z * bounds.std(ddof=1) <= eps
+
+    lo, hi = 0, int(np.ceil(np.log(1 / (1 - confidence)) / eps ** 2))  # the margin alone
+    while not ok(hi):
+        lo, hi = hi, hi * 2
+        if hi > 2 ** 30:
+            raise ValueError(f"no sample size up to 2^30 gets the two-sample bound below eps = {eps}")
     while lo and hi / lo > 1 + precision:
         mid = int(np.sqrt(lo * hi))
         lo, hi = (lo, mid) if ok(mid) else (mid, hi)
