@@ -112,7 +112,7 @@ def token_one_outside_top_k(pair, prompt: str, tokens, k: int) -> int:
 
 
 def test_finding_continuous_batching_drafts_token_one(pair):
-    """ContinuousBatchingPipeline + draft model, 500 requests per generate() (more prompt tokens than the main
+    """ContinuousBatchingPipeline + draft model, 300 requests per generate() (more prompt tokens than the main
     scheduler's 256-token prefill budget): the draft proposes token 1 for the requests not yet prefilled, and a
     candidate that differs from the target's own draw is replaced by a sample of the *next* position's top-k, so
     token 1 falls outside the target's top-20 (docs/repro/openvino_cb_token1.py: 702 of 1,000 after "HAMLET.\n").
@@ -121,11 +121,11 @@ def test_finding_continuous_batching_drafts_token_one(pair):
     outside = {}
     for method in ("draft_model", "none"):
         config = openvino.OpenvinoConfig(method=method, pipeline="continuous-batching", sampling=sampling,
-                                         job_size=500, progress=False)
-        result = config.draw(pair, pair.encode(prompt), 500, 2, torch.Generator().manual_seed(0))
+                                         job_size=300, progress=False)
+        result = config.draw(pair, pair.encode(prompt), 300, 2, torch.Generator().manual_seed(0))
         outside[method] = token_one_outside_top_k(pair, prompt, result.tokens.numpy(), 20)
     assert outside["none"] == 0
-    assert outside["draft_model"] > 100, outside  # ≈ 70% of the requests past the first ≈ 36
+    assert outside["draft_model"] > 60, outside  # ≈ 70% of the requests past the first ≈ 32
 
 
 def test_bad_settings_are_clear_errors():
