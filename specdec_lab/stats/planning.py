@@ -38,6 +38,20 @@ def simulated_bounds(plan: BoundPlan, draws: int, rng: np.random.Generator) -> n
     return np.concatenate([plan.uppers(counts) for counts in multinomial_batches(plan.m, plan.p, draws, rng)])
 
 
+def smallest_passing_m(ok, start: int, precision: float, what: str) -> int:
+    """The smallest m (to a relative ``precision``) with ``ok(m)``, for an ``ok`` that holds from some m on: doubling
+    from ``start``, then bisection on log m."""
+    lo, hi = 0, start
+    while not ok(hi):
+        lo, hi = hi, hi * 2
+        if hi > 2 ** 30:
+            raise ValueError(f"no sample size up to 2^30 gets {what}")
+    while lo and hi / lo > 1 + precision:
+        mid = int(np.sqrt(lo * hi))
+        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+    return int(hi)
+
+
 def plan_bound_by_simulation(p, eps: float, *, confidence: float = 0.99, assurance: float = 0.999,
                              draws: int | None = None, rng: np.random.Generator | None = None,
                              precision: float | None = None) -> int:
@@ -84,15 +98,7 @@ def plan_bound_by_simulation(p, eps: float, *, confidence: float = 0.99, assuran
         bounds = np.concatenate([first, simulated_bounds(plan, draws - len(first), rng)])
         return (bounds > eps).mean() <= 1 - assurance
 
-    lo, hi = 0, 1000
-    while not ok(hi):
-        lo, hi = hi, hi * 2
-        if hi > 2 ** 30:
-            raise ValueError(f"no sample size up to 2^30 gets the TV bound below eps = {eps}")
-    while lo and hi / lo > 1 + precision:
-        mid = int(np.sqrt(lo * hi))
-        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
-    return int(hi)
+    return smallest_passing_m(ok, 1000, precision, f"the TV bound below eps = {eps}")
 
 
 def plan_two_sample_bound(p, eps: float, *, confidence: float = 0.99, assurance: float = 0.999,
@@ -119,15 +125,8 @@ def plan_two_sample_bound(p, eps: float, *, confidence: float = 0.99, assurance:
                                  zip(multinomial_batches(m, p, draws, rng), multinomial_batches(m, p, draws, rng))])
         return bounds.mean() + z * bounds.std(ddof=1) <= eps
 
-    lo, hi = 0, int(np.ceil(np.log(1 / (1 - confidence)) / eps ** 2))  # the margin alone
-    while not ok(hi):
-        lo, hi = hi, hi * 2
-        if hi > 2 ** 30:
-            raise ValueError(f"no sample size up to 2^30 gets the two-sample bound below eps = {eps}")
-    while lo and hi / lo > 1 + precision:
-        mid = int(np.sqrt(lo * hi))
-        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
-    return int(hi)
+    start = int(np.ceil(np.log(1 / (1 - confidence)) / eps ** 2))  # the margin alone needs this many
+    return smallest_passing_m(ok, start, precision, f"the two-sample bound below eps = {eps}")
 
 
 def plan_tv_bound_samples(p, eps: float, confidence: float = 0.99) -> dict[str, int]:
