@@ -169,6 +169,13 @@ def test_malformed_file_exits_2_and_writes_nothing(tmp_path):
     assert not out.exists()
 
 
+def test_out_is_required_unless_planning(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "specdec_lab.cli", "audit", "workload", "--base-url",
+                           "http://127.0.0.1:9"], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 2
+    assert "--out is required" in done.stderr
+
+
 def test_yaml_syntax_error_is_an_input_error(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("cells: [ {name: a\n")
