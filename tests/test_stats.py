@@ -451,10 +451,10 @@ class TestPlanBySimulation:
         p = real_law if law == "real" else zipf(512)
         eps, assurance, reps = 0.04, 0.99, 400
         m = stats.plan_bound_by_simulation(p, eps, assurance=assurance, rng=np.random.default_rng(0))
-        rng = np.random.default_rng(1)
-        misses = np.mean([stats.tv_upper_bound(rng.multinomial(m, p), p).upper > eps for _ in range(reps)])
+        rng = np.random.default_rng(1)  # batched: BoundPlan.uppers is tv_upper_bound (test_batched_bounds_equal_one_at_a_time)
+        misses = np.mean(stats.BoundPlan(p, m).uppers(rng.multinomial(m, p, size=reps)) > eps)
         assert misses <= binomial_slack(1 - assurance, reps)
-        third = np.mean([stats.tv_upper_bound(rng.multinomial(m // 3, p), p).upper > eps for _ in range(100)])
+        third = np.mean(stats.BoundPlan(p, m // 3).uppers(rng.multinomial(m // 3, p, size=100)) > eps)
         assert third > 0.5, (m, third)
 
     def test_bad_arguments(self, real_law):
