@@ -531,9 +531,9 @@ def cmd_audit(args) -> int:
             if not args.base_url or not args.model:
                 raise ValueError("give --base-url and --model, or --serve-bundled")
         if args.kind == "vllm" and args.serve:
-            server = stack.enter_context(vllm_adapter.served(args.method, args.k, args.head))
+            server = stack.enter_context(vllm_adapter.served(args.method, args.k, args.head, patch=args.patch))
             sampler = vllm_adapter.endpoint_config(server, sampling, args.method, args.k, args.n_per_request,
-                                                   args.concurrency, progress=not args.quiet)
+                                                   args.concurrency, progress=not args.quiet, patch=args.patch)
         else:
             sampler = _sampler_from_args(args, sampling)
         out = args.out or Path("reports") / "audit" / f"{args.kind}-{time.strftime('%Y%m%d-%H%M%S')}.parquet"

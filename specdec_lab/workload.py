@@ -286,17 +286,24 @@ def load_workload(path: str | Path | None = None) -> Workload:
 
 @dataclass(frozen=True)
 class EngineProfile:
-    """How an engine names the request fields, which neutral values it needs, and its sampler order."""
+    """How an engine names the request fields, which neutral values it needs, its sampler order, and where its
+    drafts are counted: per request in the reply (``counter_rule`` None: llama-server's ``timings.draft_n``) or
+    only in its aggregate Prometheus counters (``counter_rule``: a :data:`specdec_lab.drafting.COUNTER_RULES` key)."""
 
     order: str
     neutral: tuple
     fields: dict  # our field -> the engine's request field
+    counter_rule: str | None = None
 
 
 ENGINES = {
     # llama.cpp's llama-server (tools/server/server-schema.cpp), and our own batch server, which speaks the same
     "llama.cpp": EngineProfile("llama.cpp", LLAMA_SERVER_NEUTRAL + (("repeat_last_n", 64),),
                                {"repetition_penalty": "repeat_penalty", "n": "n"}),
+    # vLLM's OpenAI server (entrypoints/openai/completion/protocol.py at 0.32): top_k, min_p and
+    # repetition_penalty are its extra sampling fields; return_token_ids puts the ids in each choice
+    "vllm": EngineProfile("vllm", (("return_token_ids", True),),
+                          {"repetition_penalty": "repetition_penalty", "n": "n"}, counter_rule="uncapped"),
 }
 
 
@@ -576,6 +583,42 @@ def cell_drafting(frame: pd.DataFrame, m: int, max_tokens: int, speculative: boo
     return drafting_.drafting_evidence(stats_, m, True, source)
 
 
+def counter_drafting(results: list[CellResult], answered: dict[str, int], counters: dict, max_tokens: int,
+                     rule: str) -> None:
+    """Each cell's drafted share at token 2 from the server's *aggregate* counters (vLLM), where they attribute.
+
+    At ``max_tokens`` within the rule's exact window (``uncapped``, vLLM: 2) every sequence has one step after its
+    prompt's pass, and each verification step is one sequence whose token 2 was drafted
+    (:func:`specdec_lab.drafting.position_two_from_counters`). The counters do not say which cell a step belonged
+    to, so each cell gets a **lower bound**: every sequence of the run that was not drafted is charged to it,
+    share ≥ 1 − (sequences − drafted) / (the cell's sequences). The acceptance is the run's. Outside the window,
+    or with no counters, the cells keep "not attributable" and cannot be equivalent.
+
+    >>> r = [CellResult(Cell("a", "x"), 10, 0, "", None, 10, 0, 0), CellResult(Cell("b", "y"), 30, 0, "", None, 30, 0, 0)]
+    >>> counter_drafting(r, {"a": 10, "b": 30}, {"verify_steps": 38, "accepted_first": 19}, 2, "uncapped")
+    >>> [(d.drafting.share, d.drafting.acceptance) for d in r]
+    [(0.8, 0.5), (0.9333333333333333, 0.5)]
+    """
+    found = drafting_.position_two_from_counters(counters, max_tokens, rule) if counters else {}
+    sequences = sum(answered.values())
+    if not found or not sequences or found["drafted@2"] > sequences:  # > : other traffic, or the rule does not hold
+        reason = (drafting_.UNATTRIBUTED if not found or not sequences else
+                  f"the counters saw {found['drafted@2']} verification steps for {sequences} sequences: not this run's")
+        for r in results:
+            r.drafting = drafting_.Drafting(True, source="the server's aggregate counters", reason=reason)
+        return
+    drafted = found["drafted@2"]
+    undrafted = sequences - drafted
+    acceptance = found["accepted@2"] / drafted if drafted else None
+    source = (f"the server's spec_decode counters over the run ({drafted} of {sequences} sequences drafted at "
+              "token 2), a lower bound per cell")
+    for r in results:
+        own = answered.get(r.cell.name, 0)
+        if own:
+            r.drafting = drafting_.Drafting(True, drafting_.BOUNDED, 2, max(0, own - undrafted) / own, acceptance,
+                                            source)
+
+
 def judge_cell(cell: Cell, frame: pd.DataFrame, laws: LawBook, workload: Workload, settings: SuiteSettings,
                speculative: bool, rng: np.random.Generator) -> CellResult:
     """The evidence of one cell (before the Holm step across cells)."""
@@ -678,9 +721,11 @@ class WorkloadRun:
             raise ValueError("need samples >= 1 and round_requests >= 1")
 
 
-def collect_workload(pair, workload: Workload, run: WorkloadRun, folder: Path) -> dict[str, pd.DataFrame]:
+def collect_workload(pair, workload: Workload, run: WorkloadRun, folder: Path,
+                     answered: dict[str, int] | None = None) -> dict[str, pd.DataFrame]:
     """Send the workload's missing requests (resuming from ``folder``), write them per cell; return every cell's
-    rows (one per choice, or one per failed request)."""
+    rows (one per choice, or one per failed request). ``answered``, if given, receives per cell the choices the
+    server returned in *this* call (the sequences its counters saw)."""
     token_map = TokenMap(pair.tokenizer, pair.vocab_size)
     cells = {c.name: c for c in workload.cells}
     stores = {c.name: CellStore(folder / "cells" / c.name, cell_meta(c, workload, run.engine, run.model, run.seed))
@@ -696,7 +741,10 @@ def collect_workload(pair, workload: Workload, run: WorkloadRun, folder: Path) -
     def on_outcome(outcome: Outcome) -> None:
         name = outcome.job.key
         cell = cells[name]
-        stores[name].add(outcome_rows(outcome, token_map, cell.request_tokens(workload.max_tokens), cell.observes_text))
+        rows = outcome_rows(outcome, token_map, cell.request_tokens(workload.max_tokens), cell.observes_text)
+        stores[name].add(rows)
+        if answered is not None:
+            answered[name] = answered.get(name, 0) + sum(r["choice"] >= 0 for r in rows)
         if outcome.ok:
             successes[name] += 1
         elif outcome.status is not None and outcome.status >= 400 and successes[name] == 0:
@@ -733,12 +781,16 @@ def audit_workload(pair, workload: Workload, run: WorkloadRun) -> dict:
         laws.prompt_ids(cell.prompt)
     before = read_counters(run.base_url) if run.server_metrics else {}
     started = time.monotonic()
-    frames = collect_workload(pair, workload, run, run.out)
+    answered: dict[str, int] = {}
+    frames = collect_workload(pair, workload, run, run.out, answered)
     seconds = time.monotonic() - started
     after = read_counters(run.base_url) if run.server_metrics else {}
     counters = {k: after[k] - before.get(k, 0.0) for k in after}
     rng = np.random.default_rng(run.seed)
     results = [judge_cell(c, frames[c.name], laws, workload, run.suite, run.speculative, rng) for c in workload.cells]
+    rule = ENGINES[run.engine].counter_rule
+    if run.speculative and rule is not None:
+        counter_drafting(results, answered, counters, workload.max_tokens, rule)
     final_verdicts(results, run.suite)
     table = pd.DataFrame([r.row() for r in results])
     return {"results": results, "table": table, "summary": summary_line(results), "counters": counters,
@@ -807,6 +859,10 @@ BUNDLED = {  # --serve-bundled ENGINE -> (llama-server model alias, its referenc
     "llama-server": ("target-draft", "target-nodraft"),
     "llama-server-nodraft": ("target-nodraft", "target-nodraft"),  # the same server without speculation
 }
+# --serve-bundled vllm-METHOD: `vllm serve` of the bundled target with one of vLLM's methods (K = 4; "none": without
+# speculation, the confirmation run and the two-sample reference)
+VLLM_BUNDLED = ("none", "draft_model", "ngram", "eagle", "eagle3", "medusa")
+VLLM_MAX_TOKENS = 2  # vLLM's counters attribute drafts to token 2 exactly at 2 new tokens (drafting.COUNTER_RULES)
 SERVE_PARALLEL = 4  # llama-server slots (-np): continuous batching of four sequences
 SERVE_BATCH = 128  # llama-server's prefill chunk (-b/-ub); the default workload's long prompts exceed it
 
@@ -819,21 +875,29 @@ def add_workload_parser(kinds) -> None:
                                           "per-cell verdicts (specdec_lab/workload.py)")
     where = w.add_mutually_exclusive_group(required=True)
     where.add_argument("--base-url", help="the server under audit, e.g. http://127.0.0.1:8080")
-    where.add_argument("--serve-bundled", choices=sorted(BUNDLED),
+    where.add_argument("--serve-bundled", choices=sorted(BUNDLED) + [f"vllm-{m}" for m in VLLM_BUNDLED],
                        help=f"start it on loopback: llama-server with the bundled draft (K=4), -np {SERVE_PARALLEL}, "
                             f"-b/-ub {SERVE_BATCH} (`make llama-cpp` builds it); llama-server-nodraft: the same "
-                            "without speculation (the confirmation run)")
+                            "without speculation (the confirmation run); vllm-METHOD: `vllm serve` (`make vllm`) "
+                            "with that speculative method, K=4 (vllm-none: without speculation)")
     w.add_argument("--reference-url", default=None,
                    help="two-sample mode: the same engine without speculation ('bundled' with --serve-bundled: "
                         "start it); each cell compares the two servers' samples")
     w.add_argument("--workload", type=Path, default=None, help=f"YAML/JSON workload (default: {DEFAULT_WORKLOAD.name}, "
                                                               "bundled)")
     w.add_argument("--samples", type=int, default=400, help="samples per cell (choices)")
+    w.add_argument("--max-tokens", type=int, default=None,
+                   help=f"new tokens per request, overriding the workload's (default with --serve-bundled vllm-*: "
+                        f"{VLLM_MAX_TOKENS}, where vLLM's counters attribute drafts to token 2)")
+    w.add_argument("--patch", default=None, choices=["vllm-cpu-expand"],
+                   help="with --serve-bundled vllm-*: an opt-in fix of ours applied in the server's processes "
+                        "(specdec_lab/patches; the installed files stay as they are)")
     w.add_argument("--out", type=Path, default=None,
                    help="folder of the per-cell parquet files (resumes); required unless --plan")
     w.add_argument("--model", default=None, help="the request's model field (default: the served alias, or target)")
-    w.add_argument("--engine", default="llama.cpp", choices=sorted(ENGINES),
-                   help="request dialect and sampler order of the server (the exact law follows its order)")
+    w.add_argument("--engine", default=None, choices=sorted(ENGINES),
+                   help="request dialect and sampler order of the server (the exact law follows its order; default "
+                        "llama.cpp, vllm with --serve-bundled vllm-*)")
     w.add_argument("--speculative", choices=["yes", "no", "unknown"], default="unknown",
                    help="does the server speculate? 'no': no drafting required for 'equivalent' (--serve-bundled "
                         "sets it)")
@@ -884,6 +948,17 @@ def cmd_workload(args) -> int:
     from specdec_lab.models import pair_from_args
 
     workload = load_workload(args.workload)  # validated before anything touches the disk
+    on_vllm = bool(args.serve_bundled) and args.serve_bundled.startswith("vllm-")
+    if args.patch is not None and not on_vllm:
+        raise ValueError("--patch applies to a server this command starts: use it with --serve-bundled vllm-*")
+    if on_vllm and args.engine not in (None, "vllm"):
+        raise ValueError(f"--serve-bundled {args.serve_bundled} speaks vLLM's dialect, not --engine {args.engine}")
+    args.engine = args.engine or ("vllm" if on_vllm else "llama.cpp")
+    max_tokens = args.max_tokens if args.max_tokens is not None else VLLM_MAX_TOKENS if on_vllm else None
+    if max_tokens is not None:
+        if not 2 <= max_tokens <= 16:
+            raise ValueError(f"--max-tokens must be in [2, 16], got {max_tokens}")
+        workload = replace(workload, max_tokens=max_tokens)
     if args.samples < 1 or args.concurrency < 1 or not 0 < args.tolerance < 1 or not 0 < args.alpha < 1:
         raise ValueError("need --samples >= 1, --concurrency >= 1, 0 < --tolerance < 1 and 0 < --alpha < 1")
     if args.reference_url == "bundled" and not args.serve_bundled:
@@ -899,7 +974,16 @@ def cmd_workload(args) -> int:
     with contextlib.ExitStack() as stack:
         base_url, reference_url, speculative = args.base_url, args.reference_url, args.speculative != "no"
         model = args.model or "target"
-        if args.serve_bundled:
+        if on_vllm:
+            from specdec_lab.adapters import vllm
+
+            method = args.serve_bundled.removeprefix("vllm-")
+            served = stack.enter_context(vllm.served(method, patch=args.patch))
+            base_url, model, speculative = served.base_url, args.model or "target", method != "none"
+            print(f"serving {vllm.server_label(method, patch=args.patch)} at {base_url}", flush=True)
+            if reference_url == "bundled":
+                reference_url = stack.enter_context(vllm.served("none")).base_url
+        elif args.serve_bundled:
             from specdec_lab.adapters import llamacpp
 
             alias, reference_alias = BUNDLED[args.serve_bundled]
@@ -925,7 +1009,7 @@ def cmd_workload(args) -> int:
         if reference_url:
             # other seeds than the audited run's: llama-server's speculation consumes its RNG like plain sampling, so
             # equal seeds give (nearly) equal outputs and the two samples would not be independent
-            ref_model = (args.model or "target-nodraft") if args.serve_bundled else model
+            ref_model = (args.model or "target-nodraft") if args.serve_bundled and not on_vllm else model
             ref_run = replace(run, base_url=reference_url, out=args.out / "reference", speculative=False,
                               seed=run.seed + 1, model=ref_model)
             reference_frames = collect_workload(pair, workload, ref_run, ref_run.out)

@@ -114,14 +114,31 @@ def test_negative_control_through_the_same_path_is_rejected(pair, tmp_path):
 
 
 def test_serve_path_through_the_endpoint_adapter(pair, tmp_path):
+    """`vllm serve` through the endpoint adapter, and the same server under a mixed workload in vLLM's dialect."""
+    from specdec_lab.adapters.workload_client import ClientSettings
+    from specdec_lab.workload import WorkloadRun, audit_workload, parse_workload
+
+    mixed = parse_workload({"max_tokens": 2, "cells": [  # one batch: T = 1, T = 0.7 with min-p, greedy with penalties
+        {"name": "t1", "prompt": "ROMEO:\n"},
+        {"name": "t07-minp", "prompt": "JULIET:\n", "temperature": 0.7, "min_p": 0.05, "logprobs": False},
+        {"name": "greedy-penalised", "prompt": "HAMLET:\n", "temperature": 0, "repetition_penalty": 1.3,
+         "presence_penalty": 0.5, "n": 2}]})
     with vllm_adapter.served("none") as server:
         sampler = vllm_adapter.endpoint_config(server, SamplingConfig(), "none", n_per_request=8, concurrency=4,
                                                progress=False)
         result = audit(pair, sampler, 800, L, tmp_path / "serve.parquet", prompt="ROMEO:\n", seed=3, settings=SETTINGS,
                        progress=False)
+        run = WorkloadRun(server.base_url, tmp_path / "workload", 150, engine="vllm", speculative=False,
+                          client=ClientSettings(8, 60.0, 1, progress=False))
+        found = audit_workload(pair, mixed, run)
     stats = result.samples.meta["stats"]
     assert stats["refused_samples"] == 0 and stats["missing_choices"] == 0, stats
     assert result.suite.verdict != "rejected", result.summary()
+    table = found["table"].set_index("cell")
+    assert (table["errors"] == 0).all() and (table["m"] == 150).all(), table  # ids from return_token_ids
+    assert not (table["verdict"] == "rejected").any(), table
+    # every greedy output is the point mass of the penalised chain in vLLM's order (any other output: TV bound 1)
+    assert table.loc["greedy-penalised", "TV upper 99%"] == pytest.approx(1 - 0.01 ** (1 / 150)), table
 
 
 def test_speculative_greedy_equals_reference_greedy(pair):

