@@ -161,6 +161,42 @@ def poisson_quadratic_k3(c: np.ndarray, lam: np.ndarray) -> np.ndarray:
 SKEW_CAP = 1.0  # the skewness the lift may use is clipped to [0, SKEW_CAP]
 
 
+def _x_grid() -> np.ndarray:
+    """The geometric grid of x on which the kept-set test is inverted: 1e-7 ... 1 in steps of :data:`_GRID_RATIO`."""
+    return _GRID_RATIO ** np.arange(int(np.ceil(np.log(1e-7) / np.log(_GRID_RATIO))), 1)
+
+
+@dataclass(frozen=True)
+class _QuantileTerms:
+    """The parts of the kept-set test's lower-δ quantile of W that depend on (p_A, m, δ) only."""
+
+    shapes: np.ndarray  # (n_shapes, |A|): deviation_shapes(p_A)
+    z: float
+    m: int
+    S: float
+    alpha: np.ndarray  # (n_shapes,): D = alpha x²
+    c1: np.ndarray  # (n_shapes,): m² Var(W) at q = p + 2x s (Poissonised) = 2S + c1 x + c2 x² + c3 x³
+    c2: np.ndarray
+    c3: np.ndarray
+
+    @classmethod
+    def of(cls, p_a: np.ndarray, m: int, delta: float) -> "_QuantileTerms":
+        a = p_a ** (-2.0 / 3.0)
+        shapes = deviation_shapes(p_a)  # (n_shapes, |A|)
+        a2 = a ** 2
+        return cls(shapes, float(sps.norm.isf(delta)), m, float((p_a ** (2.0 / 3.0)).sum()),
+                   4 * (shapes ** 2 * a).sum(1), 8 * (shapes * a2 * p_a).sum(1),
+                   8 * (shapes ** 2 * a2).sum(1) + 16 * m * (shapes ** 2 * a2 * p_a).sum(1),
+                   32 * m * (shapes ** 3 * a2).sum(1))
+
+    def at(self, xs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(normal quantile, sd, m² Var) of W per shape (rows) at each x of ``xs`` (columns)."""
+        x = xs[None, :]
+        var = 2 * self.S + self.c1[:, None] * x + self.c2[:, None] * x ** 2 + self.c3[:, None] * x ** 3
+        sd = np.sqrt(var) / self.m
+        return self.alpha[:, None] * x ** 2 - self.z * sd, sd, var
+
+
 @dataclass(frozen=True)
 class KeptSetTest:
     """The Hölder test on the kept set A, inverted into an upper bound on x = ½ Σ_A |q_i − p_i|.
@@ -180,25 +216,44 @@ class KeptSetTest:
     @classmethod
     def build(cls, p_a: np.ndarray, m: int, delta: float, skew: bool = True) -> "KeptSetTest":
         """The test at level δ. ``skew``: lift each normal quantile by W's skewness (Cornish–Fisher,
-        :func:`skew_lift`); without it the plain normal quantile (the floor search uses that, cheaper)."""
-        z = sps.norm.isf(delta)
-        a = p_a ** (-2.0 / 3.0)
-        S = float((p_a ** (2.0 / 3.0)).sum())
-        shapes = deviation_shapes(p_a)  # (n_shapes, |A|)
-        a2 = a ** 2
-        alpha = 4 * (shapes ** 2 * a).sum(1)  # D = alpha x²
-        # m² Var(W) at q = p + 2x s (Poissonised): c0 + c1 x + c2 x² + c3 x³
-        c1 = 8 * (shapes * a2 * p_a).sum(1)
-        c2 = 8 * (shapes ** 2 * a2).sum(1) + 16 * m * (shapes ** 2 * a2 * p_a).sum(1)
-        c3 = 32 * m * (shapes ** 3 * a2).sum(1)
-        xs = _GRID_RATIO ** np.arange(int(np.ceil(np.log(1e-7) / np.log(_GRID_RATIO))), 1)  # 1e-7 ... 1
-        x = xs[None, :]
-        var = 2 * S + c1[:, None] * x + c2[:, None] * x ** 2 + c3[:, None] * x ** 3  # (n_shapes, n_grid)
-        sd = np.sqrt(var) / m
-        quantiles = alpha[:, None] * x ** 2 - z * sd
+        :func:`skew_lift`); without it the plain normal quantile."""
+        terms = _QuantileTerms.of(p_a, m, delta)
+        xs = _x_grid()
+        quantiles, sd, var = terms.at(xs)
         if skew:
-            quantiles += sd * skew_lift(p_a, shapes, m, z, xs, var)  # the lift is in units of sd
+            quantiles += sd * skew_lift(p_a, terms.shapes, m, terms.z, xs, var)  # the lift is in units of sd
         return cls(p_a, m, delta, xs, quantiles.min(0))
+
+    @staticmethod
+    def unskewed_upper_at_zero(p_a: np.ndarray, m: int, delta: float) -> float:
+        """``KeptSetTest.build(p_a, m, delta, skew=False).upper(0.0)`` without the grid (the floor search's
+        criterion, evaluated at up to ten floors per bound).
+
+        Without the lift each shape's threshold α x² − z sd(x) is <= 0 exactly on (0, r] for one root r:
+        α²m²x⁴ − z²(2S + c1 x + c2 x² + c3 x³) has one sign change (c1, c2, c3 >= 0: every shape is >= 0), so
+        one positive root (Descartes). So is their minimum, and the grid point sought — the one above the
+        largest x_k with t(x_k) <= 0 — is found by bisection over the grid index, each step evaluating the same
+        expression as :meth:`build` at one x.
+
+        >>> p = np.random.default_rng(0).dirichlet(np.ones(50))
+        >>> KeptSetTest.unskewed_upper_at_zero(p, 5000, 0.01) == KeptSetTest.build(p, 5000, 0.01, False).upper(0.0)
+        True
+        """
+        terms = _QuantileTerms.of(p_a, m, delta)
+        xs = _x_grid()
+
+        def at_or_below_zero(k: int) -> bool:
+            return bool(terms.at(xs[k:k + 1])[0].min() <= 0)
+
+        if not at_or_below_zero(0):
+            return 0.0
+        lo, hi = 0, len(xs) - 1  # t(x_lo) <= 0; the answer is the largest such index
+        if at_or_below_zero(hi):
+            return float(xs[-1])
+        while hi - lo > 1:  # t(x_lo) <= 0 < t(x_hi)
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if at_or_below_zero(mid) else (lo, mid)
+        return float(xs[hi])
 
     def upper(self, w: float) -> float:
         """The bound on ½ Σ_A |q − p| given the statistic W."""
@@ -321,9 +376,12 @@ class BoundPlan:
         """(the Hölder route's bound at W = 0 and tail count m p(T), its kept-set test) at a floor."""
         kept = self._kept_at(floor)
         shares = self._shares(tail_empty=bool(kept.sum() == (self.p > 0).sum()))
-        test = KeptSetTest.build(self.p[kept], self.m, shares["kept"], skew) if kept.any() else None
         p_tail = float(self.p[~kept].sum())
         tail_part = self._tail_parts(p_tail, np.array([round(self.m * p_tail)]), shares["tail"])[0][0]
+        if not skew:  # the floor search: the bound at W = 0 only, no grid
+            kept_part = KeptSetTest.unskewed_upper_at_zero(self.p[kept], self.m, shares["kept"]) if kept.any() else 0.0
+            return kept_part + tail_part, None
+        test = KeptSetTest.build(self.p[kept], self.m, shares["kept"], skew) if kept.any() else None
         return (test.upper(0.0) if test else 0.0) + tail_part, test
 
     def expected_upper(self) -> float:
