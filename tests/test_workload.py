@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -207,6 +208,13 @@ def test_unreachable_server_gives_errors_not_silence(pair, tmp_path):
     assert [(r.requests, r.errors, r.m, r.verdict) for r in found["results"]] == [(5, 5, 0, "no samples")] * 2
     frame = pd.concat(found["frames"].values())
     assert (frame["status"] == -1).all() and (frame["attempts"] == 2).all()
+    # a server that stopped answering (a crashed engine) is down after 3 failures in a row: the rest is not sent
+    down = replace(run, out=tmp_path / "crashed", client=replace(run.client, down_after=3))
+    frame = pd.concat(audit_workload(pair, w, down)["frames"].values())
+    assert len(frame) == 10 and (frame["status"] == -1).all()
+    sent = frame["attempts"] > 0
+    assert 3 <= sent.sum() <= 3 + 1, frame  # at most one more in flight (concurrency 2) when the third failed
+    assert frame.loc[~sent, "error"].str.startswith("not sent: the server stopped answering").all()
 
 
 # ------------------------------------------------------------------------------------------ a real llama-server

@@ -7,7 +7,10 @@ backoff for **transport errors only** (connection refused or reset, timeouts, pr
 never reached an answer, so sending it again cannot hide anything. An HTTP error status or an unreadable
 reply is an answer: it is handed back as an :class:`Outcome` with its status and text, counted by the caller
 per cell and never retried (a server that fails 1% of requests under mixed traffic is a finding). A
-transport failure that outlasts the retries is an outcome too (status None).
+transport failure that outlasts the retries is an outcome too (status None). After ``down_after`` such failures in
+a row the server counts as down (a crashed engine: vLLM's API server exits when its engine core dies): the
+jobs left are not sent, and each is handed back as a transport failure saying so, so a crash ends the run in
+seconds and shows in every cell's error count instead of hours of retries.
 
 :func:`load_loop` is the plain load loop of the throughput benchmark: the same requests, the same
 concurrency, nothing done with the replies.
@@ -34,6 +37,7 @@ class ClientSettings:
     timeout: seconds per request (connect, read and write each).
     retries: tries after the first, for transport errors only; backoff: first wait in seconds, doubling.
     progress: show a progress bar.
+    down_after: consecutive transport failures (each after its retries) after which the server counts as down.
     """
 
     concurrency: int = 8
@@ -41,10 +45,12 @@ class ClientSettings:
     retries: int = 3
     backoff: float = 0.5
     progress: bool = True
+    down_after: int = 16
 
     def __post_init__(self) -> None:
-        if self.concurrency < 1 or self.retries < 0 or self.timeout <= 0 or self.backoff < 0:
-            raise ValueError("need concurrency >= 1, retries >= 0, timeout > 0 and backoff >= 0")
+        if (self.concurrency < 1 or self.retries < 0 or self.timeout <= 0 or self.backoff < 0
+                or self.down_after < 1):
+            raise ValueError("need concurrency >= 1, retries >= 0, timeout > 0, backoff >= 0 and down_after >= 1")
 
 
 @dataclass(frozen=True)
@@ -102,11 +108,18 @@ async def _run(base_url: str, jobs: list[Job], settings: ClientSettings, on_outc
     limits = httpx.Limits(max_connections=settings.concurrency, max_keepalive_connections=settings.concurrency)
     pending = iter(jobs)  # shared by the workers: next() runs between awaits, so each job goes to one worker
     bar = tqdm(total=len(jobs), desc="requests", disable=not settings.progress, mininterval=1.0)
+    failures = {"in a row": 0}  # transport failures since the last answer
     async with httpx.AsyncClient(timeout=settings.timeout, limits=limits) as client:
         async def worker() -> None:
             for job in pending:
                 if not skip(job):
-                    on_outcome(await _post(client, url, job, settings))
+                    if failures["in a row"] >= settings.down_after:
+                        outcome = Outcome(job, None, None, f"not sent: the server stopped answering "
+                                          f"({failures['in a row']} transport failures in a row)", 0, 0.0)
+                    else:
+                        outcome = await _post(client, url, job, settings)
+                        failures["in a row"] = failures["in a row"] + 1 if outcome.status is None else 0
+                    on_outcome(outcome)
                 bar.update(1)
 
         await asyncio.gather(*(worker() for _ in range(settings.concurrency)))
