@@ -889,6 +889,9 @@ def add_workload_parser(kinds) -> None:
     w.add_argument("--max-tokens", type=int, default=None,
                    help=f"new tokens per request, overriding the workload's (default with --serve-bundled vllm-*: "
                         f"{VLLM_MAX_TOKENS}, where vLLM's counters attribute drafts to token 2)")
+    w.add_argument("--exclude-cell", action="append", default=[], metavar="NAME",
+                   help="leave this cell of the workload out (repeatable): e.g. one whose requests crash the engine, "
+                        "once that crash is on record, so the other cells get verdicts")
     w.add_argument("--patch", default=None, choices=["vllm-cpu-expand"],
                    help="with --serve-bundled vllm-*: an opt-in fix of ours applied in the server's processes "
                         "(specdec_lab/patches; the installed files stay as they are)")
@@ -959,6 +962,13 @@ def cmd_workload(args) -> int:
         if not 2 <= max_tokens <= 16:
             raise ValueError(f"--max-tokens must be in [2, 16], got {max_tokens}")
         workload = replace(workload, max_tokens=max_tokens)
+    if args.exclude_cell:
+        unknown = sorted(set(args.exclude_cell) - {c.name for c in workload.cells})
+        if unknown:
+            raise ValueError(f"--exclude-cell {unknown[0]}: no such cell in workload {workload.name!r}")
+        workload = replace(workload, cells=tuple(c for c in workload.cells if c.name not in args.exclude_cell))
+        if not workload.cells:
+            raise ValueError("--exclude-cell left no cell")
     if args.samples < 1 or args.concurrency < 1 or not 0 < args.tolerance < 1 or not 0 < args.alpha < 1:
         raise ValueError("need --samples >= 1, --concurrency >= 1, 0 < --tolerance < 1 and 0 < --alpha < 1")
     if args.reference_url == "bundled" and not args.serve_bundled:

@@ -177,6 +177,19 @@ def test_out_is_required_unless_planning(tmp_path):
     assert "--out is required" in done.stderr
 
 
+@pytest.mark.parametrize("extra, message", [
+    (["--exclude-cell", "nope"], "--exclude-cell nope: no such cell"),
+    (["--patch", "vllm-cpu-expand"], "--patch applies to a server this command starts"),
+    (["--max-tokens", "1"], "--max-tokens must be in [2, 16]"),
+])
+def test_bad_options_exit_2_and_write_nothing(tmp_path, extra, message):
+    done = subprocess.run([sys.executable, "-m", "specdec_lab.cli", "audit", "workload", "--base-url",
+                           "http://127.0.0.1:9", "--out", str(tmp_path / "out"), *extra],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_yaml_syntax_error_is_an_input_error(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("cells: [ {name: a\n")
