@@ -627,7 +627,8 @@ def judge_cell(cell: Cell, frame: pd.DataFrame, laws: LawBook, workload: Workloa
     requests = int(frame["request"].nunique())
     errors = int(failed["request"].nunique())
     example = "" if failed.empty else f"HTTP {failed['status'].iloc[0]}: {failed['error'].iloc[0]}"[:300]
-    refused = example if requests and errors == requests and (failed["status"] > 0).all() else None
+    # refused: every request answered with a client error (4xx: the engine refuses an option); a 5xx is the server failing
+    refused = (example if requests and errors == requests and failed["status"].between(400, 499).all() else None)
     good = answered[answered["choice"] >= 0]
     if cell.observes_text:
         index, law = laws.stop_outcomes(cell)
@@ -736,7 +737,7 @@ def collect_workload(pair, workload: Workload, run: WorkloadRun, folder: Path,
                for c in workload.cells}
     successes = {name: int((frame["status"] == 200).sum()) for name, frame in done.items()}
     refused = {name for name, frame in done.items()  # refused in an earlier run: not asked again
-               if len(frame) and successes[name] == 0 and (frame["status"] >= 400).all()}
+               if len(frame) and successes[name] == 0 and frame["status"].between(400, 499).all()}
 
     def on_outcome(outcome: Outcome) -> None:
         name = outcome.job.key
@@ -747,8 +748,8 @@ def collect_workload(pair, workload: Workload, run: WorkloadRun, folder: Path,
             answered[name] = answered.get(name, 0) + sum(r["choice"] >= 0 for r in rows)
         if outcome.ok:
             successes[name] += 1
-        elif outcome.status is not None and outcome.status >= 400 and successes[name] == 0:
-            refused.add(name)  # the engine refuses the cell's options: stop sending them
+        elif outcome.status is not None and 400 <= outcome.status < 500 and successes[name] == 0:
+            refused.add(name)  # the engine refuses the cell's options (a client error): stop sending them
 
     rounds = max((len(v) for v in missing.values()), default=0)
     for start in range(0, rounds, run.round_requests):
@@ -1048,7 +1049,11 @@ def cmd_workload(args) -> int:
     line = found["summary"]
     (args.out / "summary.txt").write_text(line + "\n")
     print(line)
-    if all(r.m == 0 for r in found["results"]):
-        print("error: no cell got a sample (is the server up? see the errors above)")
+    frames = found["frames"].values()
+    if not any((frame["status"] > 0).any() for frame in frames):
+        print("error: the server never answered (is it up? see the errors above)")
         return 2
-    return 1 if any(r.verdict == "rejected" for r in found["results"]) else 0
+    failed = sum(r.errors for r in found["results"] if r.refused is None)
+    if failed:  # server errors (5xx), and requests it stopped answering: a finding, like a rejection
+        print(f"the server failed {failed} requests (HTTP 5xx, or no answer once it was up): a finding (exit 1)")
+    return 1 if failed or any(r.verdict == "rejected" for r in found["results"]) else 0
