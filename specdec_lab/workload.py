@@ -15,7 +15,9 @@ Every request asks for ``max_tokens`` (the workload's; 3 by default) new tokens;
 **joint law of tokens 1–2** (positions 1 and 2 after the prompt; token 3 is generated but not tested): token
 1 comes from the prompt's pass, token 2 is the first position an engine drafts (:mod:`specdec_lab.drafting`),
 and llama-server drafts it — one draft token — exactly when ``max_tokens = 3``, which its per-request
-``timings.draft_n`` reports (0 or 1), so each cell's drafted share is per request, not inferred. Token 2's
+``timings.draft_n`` reports (0 or 1), so each cell's drafted share is per request, not inferred. vLLM counts
+drafts only in aggregate and drafts whatever remains: at ``max_tokens = 2`` each verification step is one sequence
+drafted at token 2, and each cell gets a lower bound on its share (:func:`counter_drafting`). Token 2's
 law is computed per first token x1: the penalties at position 2 count the prompt and x1 (llama.cpp: the
 last ``repeat_last_n`` = 64 tokens of prompt + x1, all three penalties; vLLM: repetition over prompt + x1,
 presence/frequency over x1 alone; :data:`specdec_lab.sampling.PENALTY_SCOPES`).
@@ -36,9 +38,9 @@ global p-value and the TV upper bound on the joint law; across cells the p-value
 A cell is **rejected** when its Holm-adjusted p-value is below α, **equivalent** when not and its TV bound is
 ≤ ε (and, on a speculative server, token 2 was drafted in at least half of its samples, else *inconclusive
 (drafting not exercised)*), **inconclusive** otherwise; **refused by the engine** when the server answered
-every request of the cell with an HTTP error (its message is shown), **no samples** when every request failed
-in transport. Server errors are results: counted per cell, shown in the table, never retried (only transport
-errors are retried, with backoff).
+every request of the cell with a client error (HTTP 4xx; its message is shown), **no samples** when every request
+failed (HTTP 5xx or in transport). Server errors are results: counted per cell, shown in the table, never retried
+(only transport errors are retried, with backoff), and they make the command exit 1 like a rejection.
 
 Two-sample mode (``--reference-url``): the same requests go to a second server (the same engine without
 speculation); each cell compares the two servers' samples of tokens 1–2 with
