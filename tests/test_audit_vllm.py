@@ -122,7 +122,7 @@ def test_serve_path_through_the_endpoint_adapter(pair, tmp_path):
         {"name": "t1", "prompt": "ROMEO:\n"},
         {"name": "t07-minp", "prompt": "JULIET:\n", "temperature": 0.7, "min_p": 0.05, "logprobs": False},
         {"name": "greedy-penalised", "prompt": "HAMLET:\n", "temperature": 0, "repetition_penalty": 1.3,
-         "presence_penalty": 0.5, "n": 2}]})
+         "presence_penalty": 0.5}]})  # (vLLM refuses n > 1 at T = 0: HTTP 400)
     with vllm_adapter.served("none") as server:
         sampler = vllm_adapter.endpoint_config(server, SamplingConfig(), "none", n_per_request=8, concurrency=4,
                                                progress=False)
