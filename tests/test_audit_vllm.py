@@ -141,6 +141,23 @@ def test_serve_path_through_the_endpoint_adapter(pair, tmp_path):
     assert table.loc["greedy-penalised", "TV upper 99%"] == pytest.approx(1 - 0.01 ** (1 / 150)), table
 
 
+def test_server_patch_applies_in_a_fresh_process_of_vllms_environment(tmp_path):
+    """`start_server(patch=...)`'s sitecustomize replaces the CPU expansion in any process of .venv-vllm that starts
+    with it on PYTHONPATH (the API server and its engine core), and the fixed function expands floats right."""
+    import subprocess
+
+    folder = vllm_adapter.patch_site("vllm-cpu-expand", tmp_path / "patch")
+    check = ("import torch; from vllm.utils import cpu_triton_utils as u; out = torch.empty(4); "
+             "u._expand_kernel_impl(out, torch.tensor([1.0, 0.7]), torch.tensor([2, 4]), 0, 1); print(out.tolist())")
+    done = subprocess.run([str(vllm_adapter.vllm_python()), "-P", "-c", check], capture_output=True, text=True,
+                          env={**vllm_adapter.worker_env(), "PYTHONPATH": str(folder)}, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert vllm_adapter.PATCH_MARK in done.stderr
+    assert [round(v, 6) for v in json.loads(done.stdout.strip().splitlines()[-1])] == [1.0, 1.0, 0.7, 0.7]
+    with pytest.raises(ValueError, match="unknown patch"):
+        vllm_adapter.patch_site("nope", tmp_path / "nope")
+
+
 def test_speculative_greedy_equals_reference_greedy(pair):
     check = vllm_adapter.greedy_check("draft_model", pair.encode("ROMEO:\n"), 16)
     assert check["identical"], check

@@ -249,6 +249,21 @@ class TestTVUpperBound:
     """Coverage of the 99% bound on the alternatives its construction finds hardest (the coverage
     study's, :mod:`specdec_lab.stats.coverage`, in small), and the parts it is built from."""
 
+    @pytest.mark.parametrize("seed", range(6))
+    def test_floor_search_criterion_equals_the_grid_build(self, seed):
+        """The floor search's bisection (no grid) lands on the grid point the full unskewed build gives, on laws of
+        1 to 3,000 cells, flat to spiky, at m from 2 to 300,000 (a wrong bisection changes the chosen floor)."""
+        from specdec_lab.stats.bounds import KeptSetTest
+
+        rng = np.random.default_rng(seed)
+        for size in (1, 2, 50, 3000):
+            for m in (2, 1000, 300_000):
+                p = rng.dirichlet(np.full(size, rng.choice([0.05, 1.0, 5.0])))
+                p = p[p > 1e-300]
+                delta = float(rng.choice([0.0085, 0.05]))
+                assert (KeptSetTest.unskewed_upper_at_zero(p, m, delta)
+                        == KeptSetTest.build(p, m, delta, skew=False).upper(0.0)), (size, m, delta)
+
     @pytest.mark.parametrize("law", ["real", "zipf"])
     @pytest.mark.parametrize("alternative", list(coverage.ALTERNATIVES))
     @pytest.mark.parametrize("m", [5_000, 50_000])

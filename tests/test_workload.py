@@ -20,14 +20,17 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 import torch
 
 from specdec_lab.adapters.batch_server import BatchServerConfig, served
 from specdec_lab.adapters.workload_client import ClientSettings
 from specdec_lab.models import load_pair
-from specdec_lab.workload import (DEFAULT_WORKLOAD, REFUSED, LawBook, WorkloadError, WorkloadRun, audit_workload,
-                                  interleaved_jobs, load_workload, parse_workload)
+from specdec_lab.suite import SuiteSettings
+from specdec_lab.workload import (DEFAULT_WORKLOAD, REFUSED, SCHEMA, Cell, CellResult, LawBook, WorkloadError,
+                                  WorkloadRun, audit_workload, counter_drafting, interleaved_jobs, judge_cell,
+                                  load_workload, parse_workload)
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANTED = {
@@ -228,6 +231,30 @@ def test_unreachable_server_gives_errors_not_silence(pair, tmp_path):
     sent = frame["attempts"] > 0
     assert 3 <= sent.sum() <= 3 + 1, frame  # at most one more in flight (concurrency 2) when the third failed
     assert frame.loc[~sent, "error"].str.startswith("not sent: the server stopped answering").all()
+
+
+def error_frame(statuses: list[int]) -> pd.DataFrame:
+    rows = [{"request": i, "choice": -1, "seed": i, "status": status, "error": "boom", "tokens": [], "text": "",
+             "finish": "", "draft_n": -1, "draft_accepted": -1, "attempts": 1} for i, status in enumerate(statuses)]
+    return pa.Table.from_pylist(rows, schema=SCHEMA).to_pandas()
+
+
+def test_client_errors_are_refusals_server_errors_are_failures(pair):
+    """Only a 4xx on every request is the engine refusing an option; a 5xx (a crashed engine) is the server failing."""
+    w = parse_workload(PLANTED)
+    laws, settings = LawBook(pair, "llama.cpp"), SuiteSettings(n_resamples=199)
+    rng = np.random.default_rng(0)
+    refused = judge_cell(w.cells[0], error_frame([400, 400]), laws, w, settings, False, rng)
+    crashed = judge_cell(w.cells[0], error_frame([500, 500]), laws, w, settings, False, rng)
+    assert refused.refused is not None and crashed.refused is None and crashed.errors == 2
+
+
+def test_counter_drafting_claims_nothing_when_the_counters_are_not_this_runs():
+    cells = [CellResult(Cell("a", "x"), 10, 0, "", None, 10, 0, 0)]
+    counter_drafting(cells, {"a": 10}, {"verify_steps": 11, "accepted_first": 3}, 2, "uncapped")  # 11 steps, 10 seqs
+    assert cells[0].drafting.share is None and "not this run's" in cells[0].drafting.reason
+    counter_drafting(cells, {"a": 10}, {"verify_steps": 10, "accepted_first": 3}, 3, "uncapped")  # outside L = 2
+    assert cells[0].drafting.share is None and not cells[0].drafting.exercised
 
 
 # ------------------------------------------------------------------------------------------ a real llama-server
