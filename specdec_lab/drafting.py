@@ -110,8 +110,10 @@ class Drafting:
 
 
 def per_position(stats: dict, positions=BOUNDED) -> dict:
-    """{t: (drafted, accepted)} for the bounded positions present in ``stats``."""
-    return {t: (int(stats[f"drafted@{t}"]), int(stats.get(f"accepted@{t}", 0)))
+    """{t: (drafted, accepted)} for the bounded positions present in ``stats`` (accepted None where the engine
+    reports drafts but not their acceptance)."""
+    return {t: (int(stats[f"drafted@{t}"]),
+                int(stats[f"accepted@{t}"]) if f"accepted@{t}" in stats else None)
             for t in positions if f"drafted@{t}" in stats}
 
 
@@ -124,6 +126,8 @@ def drafting_evidence(stats: dict, samples: int, speculative: bool, source: str 
     (2, 0.9, 0.333, True)
     >>> drafting_evidence({"drafted@2": 40, "accepted@2": 30}, 100, True).exercised
     False
+    >>> drafting_evidence({"drafted@2": 90}, 100, True).columns()["acceptance"]  # drafts seen, acceptance not
+    ''
     >>> drafting_evidence({}, 100, True).columns()["drafted share"]
     'not attributable'
     """
@@ -139,7 +143,7 @@ def drafting_evidence(stats: dict, samples: int, speculative: bool, source: str 
     position = max(exercised) if exercised else max(found, key=lambda t: (found[t][0], -t))
     drafted, accepted = found[position]
     return Drafting(True, tuple(positions), position, drafted / samples,
-                    accepted / drafted if drafted else None, source)
+                    accepted / drafted if drafted and accepted is not None else None, source)
 
 
 def position_two_from_counters(counters: dict, length: int, rule: str) -> dict:
@@ -224,6 +228,8 @@ def counter_source(described: dict) -> str:
     if kind == "ortgenai":
         return "ONNX Runtime GenAI's per-request get_speculative_stats (rounds, draft tokens evaluated and accepted)"
     if kind == "openvino_genai":
+        if described.get("pipeline") == "continuous-batching":
+            return "OpenVINO GenAI's per-request handle metrics (main-model tokens per step)"
         return "OpenVINO GenAI's per-request metrics (draft tokens generated, main-model tokens per step)"
     if kind == "endpoint":
         if described.get("drafting_rule") == "lookup-calls":

@@ -13,7 +13,8 @@ What is checked, each against the real engine:
 - speculative greedy (draft model, prompt lookup) equals OpenVINO's own plain greedy, token for token;
 - the plain row (no speculation, T = 1) is not rejected and a planted wrong law through the same adapter
   (asked for T = 0.7, scored at T = 1) is rejected;
-- the engine's own per-request counters show token 2 drafted in every sample at L = 3 (prefix caching off);
+- the engine's own per-request counters show token 2 drafted in every sample at L = 3 (prefix caching off), and on
+  ContinuousBatchingPipeline each request's handle attributes prompt lookup's accepted candidates exactly;
 - the finding (docs/audit-openvino.md): with LLMPipeline's default prefix caching, sampled speculative decoding
   raises in `Sequence::_make_hash` and the pipeline then never accepts a draft again, even greedy;
 - the finding: ContinuousBatchingPipeline with a draft model drafts token 1 for requests past the main model's
@@ -83,6 +84,26 @@ def test_counters_show_token_two_drafted(pair):
     assert stats["engine_errors"] == 0
     assert stats["drafted@2"] == 300  # every request's step after token 1 carried a candidate for token 2
     assert 0.5 < stats["accepted@2"] / 300 < 0.95, stats  # α = 0.75 at T = 1 (docs/models.md): often, not always
+
+
+def test_continuous_batching_counters_per_request(pair):
+    """ContinuousBatchingPipeline's speculative metrics are the call's, so the adapter steps the batch itself and
+    reads each request's handle: with prompt lookup at L = 3, a step of 2 tokens after token 1 is an accepted
+    candidate, so the requests it counts are exactly those whose tokens 1–2 continue the prompt's earlier match
+    (token 1 re-creates the match, token 2 is the lookup's proposal); with a draft model every request's step after
+    token 1 mostly carries a candidate (accepted or rejected), whose acceptance the pipeline does not report."""
+    prompt = pair.encode(LOOKUP_PROMPT)
+    ids = prompt.tolist()
+    match = ids.index(ids[-1])  # the earlier occurrence of the prompt's last token
+    lookup = openvino.OpenvinoConfig(method="prompt_lookup", pipeline="continuous-batching", progress=False)
+    result = lookup.draw(pair, prompt, 300, 3, torch.Generator().manual_seed(0))
+    tokens = result.tokens
+    continues = int(((tokens[:, 0] == ids[match + 1]) & (tokens[:, 1] == ids[match + 2])).sum())
+    assert result.stats["drafted@2"] == result.stats["accepted@2"] == continues > 150, (result.stats, continues)
+    draft = openvino.OpenvinoConfig(method="draft_model", pipeline="continuous-batching", progress=False)
+    stats = draft.draw(pair, pair.encode(DEFAULT_PROMPT), 64, 3, torch.Generator().manual_seed(0)).stats
+    # most requests: the step after token 1 validated a candidate (a few drafted nothing there, or token 1: finding 3)
+    assert stats["drafted@2"] > 32 and "accepted@2" not in stats, stats
 
 
 def test_finding_default_prefix_caching_breaks_sampled_speculation(pair):

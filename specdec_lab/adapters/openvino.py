@@ -13,8 +13,8 @@ machine, into ``~/.cache/specdec-lab/openvino-ir-<weights sha>-<version>``; :fun
 IR's greedy tokens against our target's, token for token, before anything is sampled.
 
 Pipelines (``--pipeline``): ``llm`` (``LLMPipeline``, one request per call, the engine's counters per request) and
-``continuous-batching`` (``ContinuousBatchingPipeline``, every request of a job in one call; its speculative
-metrics are the call's). Methods: ``none``, ``draft_model`` (``num_assistant_tokens`` = k), ``prompt_lookup``.
+``continuous-batching`` (``ContinuousBatchingPipeline``, every request of a job added and stepped together; each
+request's handle gives its tokens per step, the pipeline's speculative metrics are the whole call's). Methods: ``none``, ``draft_model`` (``num_assistant_tokens`` = k), ``prompt_lookup``.
 
 Seeds: a request's ``rng_seed`` seeds its own ``std::mt19937`` (``sampler.cpp``: ``RequestSamplerContext``), whose
 seeding keeps the low 32 bits; the adapter draws one seed per sample in [0, 2³²) from the collection's generator
@@ -149,17 +149,21 @@ def engine_settings(method: str, pipeline: str = "llm", k: int = 4, max_ngram_si
             "max_ngram_size": max_ngram_size, "prefix_caching": prefix_caching}
 
 
-def positions_from_counters(counters: dict, length: int) -> dict:
+def positions_from_counters(counters: dict, length: int, method: str = "draft_model") -> dict:
     """``drafted@2`` / ``accepted@2`` (0 or 1) of one request from its counters, where they attribute exactly
     (L = 3; the module docstring), else ``{}``.
 
-    Draft model: token 2 was drafted when the draft generated tokens, and accepted when the request's
-    ``get_num_accepted_tokens()`` is 1 (at L = 3 one step verifies, one candidate). The main model's tokens per step
-    (``m_batch_sizes``) do not show acceptance there: the sampler counts the iteration that rejects a candidate and
-    the one that resamples after it (``sampler.cpp``: ``num_generated_tokens++`` before the ``continue``), so a
-    rejected step also reports 2. Prompt lookup reports no SD metrics (``draft_generated`` −1); a rejected candidate
-    ends its step at once there, so a step of 2 tokens is an accepted candidate, and only accepted candidates show:
-    a lower bound on the drafted count.
+    ``LLMPipeline``'s draft model: token 2 was drafted when the draft generated tokens, and accepted when the
+    request's ``get_num_accepted_tokens()`` is 1 (at L = 3 one step verifies, one candidate). The main model's tokens
+    per step (``m_batch_sizes``) do not show acceptance there: the sampler counts the iteration that rejects a
+    candidate and the one that resamples after it (``sampler.cpp``: ``num_generated_tokens++`` before the
+    ``continue``), so a rejected step also reports 2 — which is why, on ``ContinuousBatchingPipeline`` (no
+    per-request SD metrics: ``draft_generated`` None), a draft model's token 2 counts as drafted when token 1 came
+    alone and the next step reported 2 or more tokens (a candidate was validated at position 2; step lists such as
+    (1, 2, 1) occur, so this reads the steps, not the emitted tokens), and its acceptance is unknown (no
+    ``accepted@2``). Prompt lookup reports no SD metrics
+    (``draft_generated`` −1 on ``LLMPipeline``); a rejected candidate ends its step at once there, so a step of 2
+    tokens is an accepted candidate, and only accepted candidates show: a lower bound on the drafted count.
 
     >>> positions_from_counters({"main_step_tokens": [1, 2], "draft_generated": 4, "accepted": 1}, 3)
     {'drafted@2': 1, 'accepted@2': 1}
@@ -167,14 +171,23 @@ def positions_from_counters(counters: dict, length: int) -> dict:
     {'drafted@2': 1, 'accepted@2': 0}
     >>> positions_from_counters({"main_step_tokens": [1, 1, 1], "draft_generated": -1, "accepted": 0}, 3)
     {'drafted@2': 0, 'accepted@2': 0}
+    >>> positions_from_counters({"main_step_tokens": [1, 2], "draft_generated": None, "accepted": None}, 3,
+    ...                         "draft_model")
+    {'drafted@2': 1}
+    >>> positions_from_counters({"main_step_tokens": [1, 2], "draft_generated": None, "accepted": None}, 3,
+    ...                         "prompt_lookup")
+    {'drafted@2': 1, 'accepted@2': 1}
     >>> positions_from_counters({"main_step_tokens": [1, 2], "draft_generated": 4, "accepted": 1}, 5)
     {}
     """
     if length != ATTRIBUTED_LENGTH or not counters:
         return {}
-    if counters["draft_generated"] < 0:  # prompt lookup
-        accepted = int(len(counters["main_step_tokens"]) > 1 and counters["main_step_tokens"][1] > 1)
-        return {"drafted@2": accepted, "accepted@2": accepted}
+    steps = counters["main_step_tokens"]
+    two_token_step = int(len(steps) > 1 and steps[0] == 1 and steps[1] > 1)  # token 1 alone, then tokens 2–3
+    if method == "prompt_lookup":
+        return {"drafted@2": two_token_step, "accepted@2": two_token_step}
+    if counters["draft_generated"] is None:  # continuous batching: steps per request, no SD metrics
+        return {"drafted@2": two_token_step}
     drafted = int(counters["draft_generated"] > 0)
     return {"drafted@2": drafted, "accepted@2": int(drafted and counters["accepted"] > 0)}
 
@@ -236,8 +249,9 @@ def sample(prompt: torch.Tensor, n: int, length: int, config: OpenvinoConfig,
 
     Stats: ``engine_seconds``, ``engine_errors`` (requests the engine raised on; each was run again once with the
     same seed), ``engine error: <the engine's message>`` (the count per message), the speculative counters summed (``draft_generated``,
-    ``accepted_tokens``, ``target_passes``: main-model steps) and, at L = 3 on the ``llm`` pipeline, ``drafted@2`` /
-    ``accepted@2`` (:func:`positions_from_counters`).
+    ``accepted_tokens``, ``target_passes``: main-model steps; ``continuous-batching`` keeps no per-request
+    speculative metrics, so only ``target_passes``) and, at L = 3, ``drafted@2`` / ``accepted@2``
+    (:func:`positions_from_counters`).
     """
     check_request(prompt, n, length)
     engine = worker(config.engine)
@@ -256,11 +270,10 @@ def sample(prompt: torch.Tensor, n: int, length: int, config: OpenvinoConfig,
             add_counts(totals, {f"{ERROR_PREFIX}{error['message']}": 1})
         for counters in reply["counters"]:
             if counters:
-                add_counts(totals, {"draft_generated": counters["draft_generated"],
-                                    "accepted_tokens": counters["accepted"],
-                                    "target_passes": len(counters["main_step_tokens"])})
-                if config.pipeline == "llm":
-                    add_counts(totals, positions_from_counters(counters, length))
+                add_counts(totals, {key: value for key, value in (
+                    ("draft_generated", counters["draft_generated"]), ("accepted_tokens", counters["accepted"]),
+                    ("target_passes", len(counters["main_step_tokens"]))) if value is not None})
+                add_counts(totals, positions_from_counters(counters, length, config.method))
         bar.update(len(reply["tokens"]))
     bar.close()
     totals["emitted_tokens"] = n * length

@@ -11,7 +11,7 @@ A sampling job: ``prompt_ids``, ``seeds`` (one request per seed: OpenVINO GenAI 
 ``num_return_sequences`` > 1, with speculative decoding), ``length`` (exactly that many tokens: ``min_new_tokens``
 = ``max_new_tokens``, ``ignore_eos``), ``temperature`` (0: greedy), ``top_p``, ``top_k`` (null: off).
 Reply: ``tokens`` (one list per seed), per request the engine's own speculative counters (``counters``: see
-:func:`request_counters`), ``errors`` (the engine's message for each request it raised on, then retried once with
+:func:`request_counters` and :func:`run_batching`), ``errors`` (the engine's message for each request it raised on, then retried once with
 the same seed), ``engine_seconds``.
 """
 
@@ -97,18 +97,41 @@ def run_llm(pipe, engine: dict, job: dict, input_ids) -> dict:
 
 
 def run_batching(pipe, engine: dict, job: dict, input_ids) -> dict:
-    """One ``ContinuousBatchingPipeline.generate`` over every seed's request; its speculative metrics are the
-    batch's (``counters``: one entry for the whole call)."""
-    configs = [generation_config(engine, job, seed) for seed in job["seeds"]]
+    """Every seed's request added to one ``ContinuousBatchingPipeline`` and stepped together (what its
+    ``generate`` does, but holding each request's handle); if a step raises, the whole batch is recorded once and
+    run again.
+
+    Counters per request, from its handle (``GenerationHandle.get_perf_metrics``): the main model's tokens per step
+    (``main_step_tokens``); the pipeline keeps no per-request speculative metrics (``draft_generated`` and
+    ``accepted`` are None; its ``SDPerModelsPerfMetrics`` are the whole call's).
+    """
     errors = []
     try:
-        results = pipe.generate([input_ids] * len(configs), configs)
+        return {**step_batch(pipe, engine, job, input_ids), "errors": errors}
     except RuntimeError as exc:
         errors.append({"seed": None, "message": str(exc).strip().splitlines()[0]})
-        results = pipe.generate([input_ids] * len(configs), configs)
-    tokens = [[int(t) for t in r.m_generation_ids[0]] for r in results]
-    batch = request_counters(results[0], engine["method"] != "none") if results else {}
-    return {"tokens": tokens, "counters": [batch], "errors": errors}
+        return {**step_batch(pipe, engine, job, input_ids), "errors": errors}
+
+
+_request_ids = iter(range(2**62))  # request ids stay unique for the pipeline's lifetime, across retries
+
+
+def step_batch(pipe, engine: dict, job: dict, input_ids) -> dict:
+    handles = [pipe.add_request(next(_request_ids), input_ids, generation_config(engine, job, seed))
+               for seed in job["seeds"]]
+    tokens = [[] for _ in handles]
+    while pipe.has_non_finished_requests():
+        pipe.step()
+        for row, handle in zip(tokens, handles):
+            if handle.can_read():
+                for output in handle.read().values():  # one sequence per request
+                    row += [int(t) for t in output.generated_ids]
+    counters = []
+    for handle in handles:
+        steps = [int(b) for b in handle.get_perf_metrics().raw_metrics.m_batch_sizes]
+        counters.append({"main_step_tokens": steps, "draft_generated": None, "accepted": None}
+                        if engine["method"] != "none" else {})
+    return {"tokens": tokens, "counters": counters}
 
 
 def run_job(pipe, engine: dict, job: dict) -> dict:
