@@ -100,10 +100,16 @@ def test_continuous_batching_counters_per_request(pair):
     tokens = result.tokens
     continues = int(((tokens[:, 0] == ids[match + 1]) & (tokens[:, 1] == ids[match + 2])).sum())
     assert result.stats["drafted@2"] == result.stats["accepted@2"] == continues > 150, (result.stats, continues)
+    assert result.stats["drafted@1"] == 0, result.stats  # the prompt's pass gives token 1 (every prompt fits the budget)
     draft = openvino.OpenvinoConfig(method="draft_model", pipeline="continuous-batching", progress=False)
     stats = draft.draw(pair, pair.encode(DEFAULT_PROMPT), 64, 3, torch.Generator().manual_seed(0)).stats
     # most requests: the step after token 1 validated a candidate (a few drafted nothing there, or token 1: finding 3)
     assert stats["drafted@2"] > 32 and "accepted@2" not in stats, stats
+    # 300 requests in one job: past the 256-token prefill budget the draft proposes token 1 (finding 3), and the
+    # handles show it (a first step of 2 tokens) for most of them
+    many = openvino.OpenvinoConfig(method="draft_model", pipeline="continuous-batching", job_size=300, progress=False)
+    stats = many.draw(pair, pair.encode(DEFAULT_PROMPT), 300, 3, torch.Generator().manual_seed(0)).stats
+    assert stats["drafted@1"] > 150 and stats["drafted@1"] + stats["drafted@2"] <= 300, stats
 
 
 def test_finding_default_prefix_caching_breaks_sampled_speculation(pair):

@@ -150,7 +150,7 @@ def engine_settings(method: str, pipeline: str = "llm", k: int = 4, max_ngram_si
 
 
 def positions_from_counters(counters: dict, length: int, method: str = "draft_model") -> dict:
-    """``drafted@2`` / ``accepted@2`` (0 or 1) of one request from its counters, where they attribute exactly
+    """``drafted@t`` / ``accepted@t`` (0 or 1) of one request from its counters, where they attribute exactly
     (L = 3; the module docstring), else ``{}``.
 
     ``LLMPipeline``'s draft model: token 2 was drafted when the draft generated tokens, and accepted when the
@@ -161,7 +161,8 @@ def positions_from_counters(counters: dict, length: int, method: str = "draft_mo
     per-request SD metrics: ``draft_generated`` None), a draft model's token 2 counts as drafted when token 1 came
     alone and the next step reported 2 or more tokens (a candidate was validated at position 2; step lists such as
     (1, 2, 1) occur, so this reads the steps, not the emitted tokens), and its acceptance is unknown (no
-    ``accepted@2``). Prompt lookup reports no SD metrics
+    ``accepted@2``); a first step of 2 or more tokens validated a candidate for token 1 (``drafted@1``: the
+    pipeline drafts token 1 for requests past the prefill budget, docs/audit-openvino.md finding 3). Prompt lookup reports no SD metrics
     (``draft_generated`` −1 on ``LLMPipeline``); a rejected candidate ends its step at once there, so a step of 2
     tokens is an accepted candidate, and only accepted candidates show: a lower bound on the drafted count.
 
@@ -173,10 +174,13 @@ def positions_from_counters(counters: dict, length: int, method: str = "draft_mo
     {'drafted@2': 0, 'accepted@2': 0}
     >>> positions_from_counters({"main_step_tokens": [1, 2], "draft_generated": None, "accepted": None}, 3,
     ...                         "draft_model")
-    {'drafted@2': 1}
+    {'drafted@1': 0, 'drafted@2': 1}
+    >>> positions_from_counters({"main_step_tokens": [2, 1], "draft_generated": None, "accepted": None}, 3,
+    ...                         "draft_model")
+    {'drafted@1': 1, 'drafted@2': 0}
     >>> positions_from_counters({"main_step_tokens": [1, 2], "draft_generated": None, "accepted": None}, 3,
     ...                         "prompt_lookup")
-    {'drafted@2': 1, 'accepted@2': 1}
+    {'drafted@1': 0, 'drafted@2': 1, 'accepted@1': 0, 'accepted@2': 1}
     >>> positions_from_counters({"main_step_tokens": [1, 2], "draft_generated": 4, "accepted": 1}, 5)
     {}
     """
@@ -184,10 +188,14 @@ def positions_from_counters(counters: dict, length: int, method: str = "draft_mo
         return {}
     steps = counters["main_step_tokens"]
     two_token_step = int(len(steps) > 1 and steps[0] == 1 and steps[1] > 1)  # token 1 alone, then tokens 2–3
+    if counters["draft_generated"] is None:  # continuous batching: steps per request, no SD metrics
+        first = int(bool(steps) and steps[0] > 1)  # token 1 out of a step that validated a candidate (finding 3)
+        found = {"drafted@1": first, "drafted@2": two_token_step}
+        if method == "prompt_lookup":
+            found.update({"accepted@1": first, "accepted@2": two_token_step})
+        return found
     if method == "prompt_lookup":
         return {"drafted@2": two_token_step, "accepted@2": two_token_step}
-    if counters["draft_generated"] is None:  # continuous batching: steps per request, no SD metrics
-        return {"drafted@2": two_token_step}
     drafted = int(counters["draft_generated"] > 0)
     return {"drafted@2": drafted, "accepted@2": int(drafted and counters["accepted"] > 0)}
 

@@ -113,19 +113,25 @@ def run_batching(pipe, engine: dict, job: dict, input_ids) -> dict:
         return {**step_batch(pipe, engine, job, input_ids), "errors": errors}
 
 
-_request_ids = iter(range(2**62))  # request ids stay unique for the pipeline's lifetime, across retries
-
-
 def step_batch(pipe, engine: dict, job: dict, input_ids) -> dict:
-    handles = [pipe.add_request(next(_request_ids), input_ids, generation_config(engine, job, seed))
-               for seed in job["seeds"]]
+    # request ids 0..n-1 in every job, as generate() numbers them (prompt lookup: the same samples as generate(),
+    # checked on 400; the draft model's samples vary from run to run either way: docs/audit-openvino.md)
+    handles = [pipe.add_request(rid, input_ids, generation_config(engine, job, seed))
+               for rid, seed in enumerate(job["seeds"])]
     tokens = [[] for _ in handles]
-    while pipe.has_non_finished_requests():
-        pipe.step()
-        for row, handle in zip(tokens, handles):
-            if handle.can_read():
-                for output in handle.read().values():  # one sequence per request
-                    row += [int(t) for t in output.generated_ids]
+    try:
+        while pipe.has_non_finished_requests():
+            pipe.step()
+            for row, handle in zip(tokens, handles):
+                if handle.can_read():
+                    for output in handle.read().values():  # one sequence per request
+                        row += [int(t) for t in output.generated_ids]
+    except RuntimeError:  # as generate() drops its requests when a step raises: cancel them, let them leave
+        for handle in handles:
+            handle.cancel()
+        while pipe.has_non_finished_requests():
+            pipe.step()
+        raise
     counters = []
     for handle in handles:
         steps = [int(b) for b in handle.get_perf_metrics().raw_metrics.m_batch_sizes]
