@@ -65,13 +65,14 @@ def test_speculative_greedy_equals_plain_greedy(pair, method):
     assert check["identical"], check
 
 
-def test_plain_row_equivalent_and_planted_wrong_law_rejected(pair, tmp_path):
-    plain = audit(pair, openvino.OpenvinoConfig(method="none", progress=False), 1500, 3, tmp_path / "plain.parquet",
-                  settings=SETTINGS, progress=False)
+@pytest.mark.parametrize("pipeline", openvino.PIPELINES)
+def test_plain_row_equivalent_and_planted_wrong_law_rejected(pair, tmp_path, pipeline):
+    plain = audit(pair, openvino.OpenvinoConfig(method="none", pipeline=pipeline, progress=False), 1500, 3,
+                  tmp_path / "plain.parquet", settings=SETTINGS, progress=False)
     assert plain.suite.verdict != "rejected", plain.summary()
     assert plain.summary()["engine errors"] == 0
-    wrong = audit(pair, openvino.OpenvinoConfig(method="none", sampling=SamplingConfig(temperature=0.7),
-                                                progress=False),
+    wrong = audit(pair, openvino.OpenvinoConfig(method="none", pipeline=pipeline,
+                                                sampling=SamplingConfig(temperature=0.7), progress=False),
                   1500, 3, tmp_path / "wrong.parquet", scored_at=SamplingConfig(temperature=1.0),
                   expected="negative control", settings=SETTINGS, progress=False)
     assert wrong.verdict == "rejected", wrong.summary()

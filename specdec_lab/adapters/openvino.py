@@ -14,7 +14,8 @@ IR's greedy tokens against our target's, token for token, before anything is sam
 
 Pipelines (``--pipeline``): ``llm`` (``LLMPipeline``, one request per call, the engine's counters per request) and
 ``continuous-batching`` (``ContinuousBatchingPipeline``, every request of a job added and stepped together; each
-request's handle gives its tokens per step, the pipeline's speculative metrics are the whole call's). Methods: ``none``, ``draft_model`` (``num_assistant_tokens`` = k), ``prompt_lookup``.
+request's handle gives its tokens per step, the pipeline's speculative metrics are the whole call's). Methods:
+``none``, ``draft_model`` (``num_assistant_tokens`` = k), ``prompt_lookup``.
 
 Seeds: a request's ``rng_seed`` seeds its own ``std::mt19937`` (``sampler.cpp``: ``RequestSamplerContext``), whose
 seeding keeps the low 32 bits; the adapter draws one seed per sample in [0, 2³²) from the collection's generator
@@ -162,16 +163,18 @@ def positions_from_counters(counters: dict, length: int, method: str = "draft_mo
     alone and the next step reported 2 or more tokens (a candidate was validated at position 2; step lists such as
     (1, 2, 1) occur, so this reads the steps, not the emitted tokens), and its acceptance is unknown (no
     ``accepted@2``); a first step of 2 or more tokens validated a candidate for token 1 (``drafted@1``: the
-    pipeline drafts token 1 for requests past the prefill budget, docs/audit-openvino.md finding 3). Prompt lookup reports no SD metrics
-    (``draft_generated`` −1 on ``LLMPipeline``); a rejected candidate ends its step at once there, so a step of 2
-    tokens is an accepted candidate, and only accepted candidates show: a lower bound on the drafted count.
+    pipeline drafts token 1 for requests past the prefill budget, docs/audit-openvino.md finding 3). Prompt lookup
+    reports no SD metrics on either pipeline (``draft_generated`` None); a rejected candidate ends its step at once
+    there, so a step of 2 tokens is an accepted candidate, and only accepted candidates show: a lower bound on the
+    drafted count.
 
     >>> positions_from_counters({"main_step_tokens": [1, 2], "draft_generated": 4, "accepted": 1}, 3)
     {'drafted@2': 1, 'accepted@2': 1}
     >>> positions_from_counters({"main_step_tokens": [1, 2], "draft_generated": 4, "accepted": 0}, 3)
     {'drafted@2': 1, 'accepted@2': 0}
-    >>> positions_from_counters({"main_step_tokens": [1, 1, 1], "draft_generated": -1, "accepted": 0}, 3)
-    {'drafted@2': 0, 'accepted@2': 0}
+    >>> positions_from_counters({"main_step_tokens": [1, 1, 1], "draft_generated": None, "accepted": None}, 3,
+    ...                         "prompt_lookup")
+    {'drafted@1': 0, 'drafted@2': 0, 'accepted@1': 0, 'accepted@2': 0}
     >>> positions_from_counters({"main_step_tokens": [1, 2], "draft_generated": None, "accepted": None}, 3,
     ...                         "draft_model")
     {'drafted@1': 0, 'drafted@2': 1}
@@ -186,16 +189,14 @@ def positions_from_counters(counters: dict, length: int, method: str = "draft_mo
     """
     if length != ATTRIBUTED_LENGTH or not counters:
         return {}
-    steps = counters["main_step_tokens"]
-    two_token_step = int(len(steps) > 1 and steps[0] == 1 and steps[1] > 1)  # token 1 alone, then tokens 2–3
-    if counters["draft_generated"] is None:  # continuous batching: steps per request, no SD metrics
+    if counters["draft_generated"] is None:  # no SD metrics for this request: read its main-model steps
+        steps = counters["main_step_tokens"]
         first = int(bool(steps) and steps[0] > 1)  # token 1 out of a step that validated a candidate (finding 3)
-        found = {"drafted@1": first, "drafted@2": two_token_step}
-        if method == "prompt_lookup":
-            found.update({"accepted@1": first, "accepted@2": two_token_step})
+        second = int(len(steps) > 1 and steps[0] == 1 and steps[1] > 1)  # token 1 alone, then tokens 2–3
+        found = {"drafted@1": first, "drafted@2": second}
+        if method == "prompt_lookup":  # only accepted candidates make a step of 2
+            found.update({"accepted@1": first, "accepted@2": second})
         return found
-    if method == "prompt_lookup":
-        return {"drafted@2": two_token_step, "accepted@2": two_token_step}
     drafted = int(counters["draft_generated"] > 0)
     return {"drafted@2": drafted, "accepted@2": int(drafted and counters["accepted"] > 0)}
 
@@ -258,7 +259,7 @@ def sample(prompt: torch.Tensor, n: int, length: int, config: OpenvinoConfig,
     Stats: ``engine_seconds``, ``engine_errors`` (requests the engine raised on; each was run again once with the
     same seed), ``engine error: <the engine's message>`` (the count per message), the speculative counters summed (``draft_generated``,
     ``accepted_tokens``, ``target_passes``: main-model steps; ``continuous-batching`` keeps no per-request
-    speculative metrics, so only ``target_passes``) and, at L = 3, ``drafted@2`` / ``accepted@2``
+    speculative metrics, so only ``target_passes``) and, at L = 3, ``drafted@t`` / ``accepted@t``
     (:func:`positions_from_counters`).
     """
     check_request(prompt, n, length)

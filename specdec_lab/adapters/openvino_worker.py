@@ -68,14 +68,14 @@ def build_pipeline(engine: dict):
 def request_counters(result, speculative: bool) -> dict:
     """The engine's own counters of one request (``LLMPipeline``: its ``EncodedResults``' metrics): the main model's
     tokens per inference step (``raw_metrics.m_batch_sizes``: a step that emitted b tokens accepted b − 1 drafts) and
-    the tokens the draft generated (``SDPerModelsPerfMetrics.draft_model_metrics``; −1 for prompt lookup, whose results
+    the tokens the draft generated (``SDPerModelsPerfMetrics.draft_model_metrics``; None for prompt lookup, whose results
 carry no SD metrics: ``extended_perf_metrics`` is None)."""
     if not speculative:
         return {}
     metrics = result.extended_perf_metrics
     if metrics is None:  # prompt lookup: no draft model, no SD metrics; the main model's steps only
         steps = [int(b) for b in result.perf_metrics.raw_metrics.m_batch_sizes]
-        return {"main_step_tokens": steps, "draft_generated": -1, "accepted": sum(b - 1 for b in steps)}
+        return {"main_step_tokens": steps, "draft_generated": None, "accepted": None}
     return {"main_step_tokens": [int(b) for b in metrics.main_model_metrics.raw_metrics.m_batch_sizes],
             "draft_generated": int(metrics.draft_model_metrics.get_num_generated_tokens()),
             "accepted": int(metrics.get_num_accepted_tokens())}
