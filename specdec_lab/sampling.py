@@ -74,14 +74,42 @@ def to_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
     return probs
 
 
+# top-p looks for each row's nucleus among its NUCLEUS_PROBE most likely tokens first (torch.topk) and sorts the whole
+# row only where the nucleus may be wider: on the bundled pair at top-p 0.9, T = 1, the nucleus holds 24 tokens at
+# the median, 60 at the 90th percentile and more than 64 in 4.6% of rows; topk(64) costs a third of a full sort of 512
+NUCLEUS_PROBE = 64
+
+
 def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Keep the smallest most-likely prefix whose mass reaches top_p; renormalise."""
-    sorted_p, order = torch.sort(probs, dim=-1, descending=True)  # (..., V)
-    mass_before = torch.cumsum(sorted_p, dim=-1) - sorted_p  # mass of strictly more likely tokens
-    keep_sorted = mass_before < top_p  # the top token always survives
-    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
-    kept = probs * keep
-    return kept / kept.sum(dim=-1, keepdim=True)
+    """Keep the smallest most-likely prefix whose mass reaches top_p, and every token tied with its least
+    likely member; renormalise. A token is kept when the mass of the tokens sorted before it is below top_p
+    (so the top token always survives); ties at the boundary are all kept, as :func:`to_probs`' top-k keeps
+    every token tied with the k-th, so the set never depends on how a sort orders equal values.
+
+    >>> p = torch.tensor([0.4, 0.2, 0.2, 0.2], dtype=torch.float64)
+    >>> _nucleus(p, 0.5).tolist()  # 0.4 + 0.2 reaches 0.5; both tokens tied with the second stay
+    [0.4, 0.2, 0.2, 0.2]
+    >>> _nucleus(p, 0.3).tolist()
+    [1.0, 0.0, 0.0, 0.0]
+    """
+    flat = probs.reshape(-1, probs.shape[-1])  # (R, V)
+    kept = flat * (flat >= _nucleus_floor(flat, top_p))  # (R, V)
+    return (kept / kept.sum(dim=-1, keepdim=True)).reshape(probs.shape)
+
+
+def _nucleus_floor(flat: torch.Tensor, top_p: float, probe: int = NUCLEUS_PROBE) -> torch.Tensor:
+    """The least probability in each row's nucleus (R, 1), from flat (R, V): the row's ``probe`` most likely
+    tokens, and a full sort of the rows whose every probed token is kept (their nucleus may reach past it)."""
+    probe = min(probe, flat.shape[-1])
+    top = torch.topk(flat, probe, dim=-1).values  # (R, probe), descending
+    before = torch.cumsum(top, dim=-1) - top  # mass of the more likely probed tokens
+    count = (before < top_p).sum(dim=-1, keepdim=True)  # (R, 1) probed tokens kept, >= 1
+    floor = top.gather(-1, count - 1)  # (R, 1)
+    if probe < flat.shape[-1]:
+        wide = (count.squeeze(1) == probe).nonzero().squeeze(1)  # (W,)
+        if len(wide):
+            floor[wide] = _nucleus_floor(flat[wide], top_p, flat.shape[-1])
+    return floor
 
 
 def make_generator(seed: int, device: str | torch.device = "cpu") -> torch.Generator:

@@ -46,6 +46,36 @@ def test_batched_shapes_and_fp32():
     torch.testing.assert_close(p.sum(-1), torch.ones(3, 4))
 
 
+def _sorted_nucleus(probs, top_p):
+    """The nucleus by a full sort (the rule written out): keep a token when the mass sorted before it is below top_p."""
+    sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+    keep = torch.zeros_like(sorted_p, dtype=torch.bool).scatter(-1, order, (sorted_p.cumsum(-1) - sorted_p) < top_p)
+    kept = probs * keep
+    return kept / kept.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("vocab,scale", [(512, 1.0), (512, 2.5), (512, 0.3), (40, 1.0), (70, 0.2)])
+@pytest.mark.parametrize("top_p", [0.5, 0.9, 0.99])
+def test_probed_nucleus_equals_a_full_sort(vocab, scale, top_p):
+    """The topk probe (NUCLEUS_PROBE) and its fallback give the full sort's set: flat laws (scale 0.3: nuclei of
+    hundreds of tokens, every row through the fallback), peaked ones, mixed batches, a vocabulary below the probe."""
+    g = torch.Generator().manual_seed(vocab * 7 + int(100 * top_p))
+    logits = torch.randn(600, vocab, dtype=torch.float64, generator=g) * scale * torch.rand(600, 1, generator=g, dtype=torch.float64) * 4
+    probs = torch.softmax(logits, -1)
+    got = to_probs(logits, SamplingConfig(top_p=top_p))
+    torch.testing.assert_close(got, _sorted_nucleus(probs, top_p), rtol=0, atol=1e-15)
+
+
+def test_nucleus_keeps_every_token_tied_at_its_boundary():
+    logits = torch.log(torch.tensor([[0.4, 0.2, 0.2, 0.2], [0.1, 0.3, 0.3, 0.3]], dtype=torch.float64))
+    got = to_probs(logits, SamplingConfig(top_p=0.5))
+    torch.testing.assert_close(got[0], torch.tensor([0.4, 0.2, 0.2, 0.2], dtype=torch.float64), rtol=0, atol=1e-12)
+    torch.testing.assert_close(got[1], torch.tensor([0.0, 1 / 3, 1 / 3, 1 / 3], dtype=torch.float64), rtol=0, atol=1e-12)
+    # in a wide row (the probe's fallback) too: 200 equal tokens straddle top-p 0.5
+    wide = torch.softmax(torch.zeros(1, 300, dtype=torch.float64).index_fill(1, torch.arange(100), -30.0), -1)
+    assert int((to_probs(torch.log(wide), SamplingConfig(top_p=0.5)) > 0).sum()) == 200
+
+
 @pytest.mark.parametrize("kwargs,message", [
     ({"temperature": -0.1}, "temperature"),
     ({"temperature": float("nan")}, "temperature"),

@@ -2,10 +2,12 @@
 processes as one by one (the verdicts themselves: `make verify`, and the smoke run in test_cli)."""
 
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from specdec_lab import verify
 from specdec_lab.suite import SuiteSettings
 from specdec_lab.verify import VerifyOptions, rows_to_run, run_rows
 
@@ -38,6 +40,37 @@ def test_negative_controls_need_no_plan(pair, monkeypatch):
     controls = rows_to_run(pair, options, lossless=False)
     assert controls and all(not row.lossless for row in controls) and all(row.lossless for row in lossless)
     assert {row.index: row for row in controls + lossless} == everything
+
+
+def test_pool_order_plans_beside_the_costlier_controls_and_ends_on_small_rows(pair):
+    """run_rows queues the costlier half of the controls, plans (``later``), queues the planned rows costliest
+    first, then the cheaper controls: the workers are busy while the parent plans and finish on small rows."""
+    from concurrent.futures import Future
+
+    class RecordingPool:  # records the submission order (the real pool runs rows in that order)
+        def __init__(self):
+            self.order = []
+
+        def submit(self, fn, job):
+            self.order.append(job[0].name)
+            future = Future()
+            future.set_result({})
+            return future
+
+    options = VerifyOptions(scale="smoke", progress=False, workers=2)
+    controls = rows_to_run(pair, options, lossless=False)
+    lossless = [replace(row, n=1_000 * (i + 1)) for i, row in enumerate(rows_to_run(pair, options, lossless=True))]
+    pool = RecordingPool()
+
+    def plan():
+        pool.order.append("planning")
+        return lossless
+
+    list(run_rows(pair, controls, options, SuiteSettings(), Path("unused"), pool, later=plan))
+    by_cost = [row.name for row in sorted(controls, key=verify._cost, reverse=True)]
+    head = (len(controls) + 1) // 2
+    planned = [row.name for row in sorted(lossless, key=verify._cost, reverse=True)]
+    assert pool.order == by_cost[:head] + ["planning"] + planned + by_cost[head:]
 
 
 def test_rows_run_the_same_in_worker_processes(pair, tmp_path):
