@@ -23,7 +23,7 @@ def verdict_table(entries: list[dict]) -> pd.DataFrame:
 def summary_table(entries: list[dict]) -> pd.DataFrame:
     """One row per sampler: what was expected, what the suite found, and whether that is right.
 
-    Beside the first-token TV bound: which route bound it (``chi2`` or ``mcdiarmid``), the bound on
+    Beside the first-token TV bound: which route bound it (``holder`` or ``plugin``), the bound on
     the joint law of the first two tokens, and the collision test's p-value (independence)."""
     rows = []
     for e in entries:

@@ -151,6 +151,25 @@ class TestCloseness:
         assert stats.closeness_two_sample(rng.multinomial(3000, p), rng.multinomial(3000, q), rng=rng).pvalue < 1e-3
 
 
+class TestPluginMargin:
+    @pytest.mark.parametrize("m", [50, 400, 20_000, 150_000])
+    @pytest.mark.parametrize("delta", [0.001, 0.01])
+    def test_is_an_exact_binomial_bound_at_every_q(self, m, delta):
+        """P(q − N/m > margin) <= δ for N ~ Binomial(m, q), checked exactly (binomial cdf) on 20,000 values of q
+        off the margin's own grid, and the margin is below McDiarmid's √(ln(1/δ)/2m)."""
+        t = stats.plugin_margin(m, delta)
+        q = np.random.default_rng(m).random(20_000)
+        below = np.ceil(m * (q - t)) - 1  # N/m < q − t  <=>  N <= ceil(m (q − t)) − 1
+        assert (sps.binom.cdf(below, m, q) <= delta).all()
+        assert t < np.sqrt(np.log(1 / delta) / (2 * m))
+
+    def test_is_nearly_the_normal_quantile_at_one_half(self):
+        """The margin is ≈ z_δ/(2√m) (the q = ½ binomial), 16% below McDiarmid's at δ = 0.001 and m = 45,000."""
+        m = 45_000
+        assert stats.plugin_margin(m, 0.001) == pytest.approx(sps.norm.isf(0.001) / (2 * np.sqrt(m)), rel=0.01)
+        assert stats.plugin_margin(m, 0.001) / np.sqrt(np.log(1000) / (2 * m)) == pytest.approx(0.835, abs=0.01)
+
+
 class TestTwoSampleBound:
     def test_covers_the_true_tv(self):
         """The bound misses the true TV in at most 1% of replicates on a law pair where TV̂ is nearly unbiased
@@ -285,7 +304,7 @@ class TestTVUpperBound:
         q = coverage.ALTERNATIVES[alternative](p, 0.01, floor, np.random.default_rng(3))
         assert (q >= 0).all() and q.sum() == pytest.approx(1.0) and not q[p == 0].any()
 
-    @pytest.mark.parametrize("route", ["holder", "mcdiarmid"])
+    @pytest.mark.parametrize("route", ["holder", "plugin"])
     @pytest.mark.parametrize("alternative", ["holder", "cauchy_schwarz", "rare_spike"])
     def test_each_route_covers_at_its_own_level(self, real_law, route, alternative):
         rng = np.random.default_rng(hash((route, alternative)) % 2**32)
@@ -333,8 +352,8 @@ class TestTVUpperBound:
         full = stats.BoundPlan(real_law, 40_000, floor=0.0)
         cut = stats.BoundPlan(real_law, 40_000, floor=1e-4)
         assert not full.tail.any() and cut.tail.any()
-        assert full.shares == pytest.approx({"kept": 0.009, "tail": 0.0, "mcdiarmid": 0.001})
-        assert cut.shares == pytest.approx({"kept": 0.0085, "tail": 0.0005, "mcdiarmid": 0.001})
+        assert full.shares == pytest.approx({"kept": 0.009, "tail": 0.0, "plugin": 0.001})
+        assert cut.shares == pytest.approx({"kept": 0.0085, "tail": 0.0005, "plugin": 0.001})
 
     def test_floor_candidates_keep_at_most_the_cell_cap(self):
         p = zipf(70_000)
@@ -405,25 +424,25 @@ class TestTVUpperBound:
         assert np.median([b.upper for b in bounds]) < 0.021
         assert all(b.binding == "holder" for b in bounds)
 
-    def test_mcdiarmid_rescues_a_deviation_on_a_rare_token(self, real_law):
-        """TV 0.01 moved onto one rare token: Hölder (a large D for a small TV) is loose, McDiarmid is not."""
+    def test_plugin_route_rescues_a_deviation_on_a_rare_token(self, real_law):
+        """TV 0.01 moved onto one rare token: Hölder (a large D for a small TV) is loose, the plug-in route is not."""
         rng = np.random.default_rng(11)
         q = coverage.rare_spike(real_law, 0.01, 1e-6, rng)
         bound = stats.tv_upper_bound(rng.multinomial(20_000, q), real_law)
-        assert bound.holder_route > 0.04 and bound.mcdiarmid_route < 0.04
-        assert bound.binding == "mcdiarmid" and coverage.tv(q, real_law) <= bound.upper == bound.mcdiarmid_route
+        assert bound.holder_route > 0.04 and bound.plugin_route < 0.04
+        assert bound.binding == "plugin" and coverage.tv(q, real_law) <= bound.upper == bound.plugin_route
 
     def test_combined_spends_delta_as_documented(self, real_law):
-        """combined = min(Hölder at 0.9δ (0.85δ kept set, 0.05δ tail), McDiarmid at 0.1δ)."""
+        """combined = min(Hölder at 0.9δ (0.85δ kept set, 0.05δ tail), the plug-in route at 0.1δ)."""
         rng = np.random.default_rng(12)
         m = 20_000
         for alternative in ("null", "holder", "rare_spike"):
             q = coverage.ALTERNATIVES[alternative](real_law, 0.01, 1 / m, rng)
             counts = rng.multinomial(m, q)
             combined = stats.tv_upper_bound(counts, real_law)
-            mcd = stats.tv_plugin(counts, real_law) + stats.mcdiarmid_margin(m, 0.001)
-            assert combined.mcdiarmid_route == pytest.approx(mcd)
-            assert combined.upper == pytest.approx(min(combined.holder_route, combined.mcdiarmid_route))
+            plugin = stats.tv_plugin(counts, real_law) + stats.plugin_margin(m, 0.001)
+            assert combined.plugin_route == pytest.approx(plugin)
+            assert combined.upper == pytest.approx(min(combined.holder_route, combined.plugin_route))
             alone = stats.tv_upper_bound(counts, real_law, route="holder", floor=combined.floor)
             assert alone.holder_route <= combined.holder_route + 1e-12  # alone it has the whole δ
             assert combined.holder_route == pytest.approx(

@@ -20,7 +20,7 @@ are ``N_i`` over ``m`` samples. One module per idea:
 
 from specdec_lab.stats.bounds import (FLOOR_MULTIPLES, SKEW_CAP, TV_ROUTES, BoundPlan, KeptSetTest, TVBound,
                                       deviation_shapes, expected_tv_bound, expected_tv_plugin,
-                                      holder_statistic, holder_statistics, kl_miller_madow, mcdiarmid_margin,
+                                      holder_statistic, holder_statistics, kl_miller_madow, plugin_margin,
                                       poisson_quadratic_k3, skew_k3_coefficients, skew_lift, tv_plugin,
                                       tv_upper_bound, two_sample_tv_upper)
 from specdec_lab.stats.identity import (adk_identity, chisquare_identity, closeness_two_sample,
@@ -37,7 +37,7 @@ __all__ = [
     "FLOOR_MULTIPLES", "HolmResult", "SKEW_CAP", "KSResult", "KeptSetTest", "TVBound", "TV_ROUTES", "ZResult",
     "adk_identity", "chisquare_identity", "closeness_two_sample", "collision_test", "conditional_tests",
     "deviation_shapes", "dirichlet_eprocess", "expected_tv_bound", "expected_tv_plugin", "holder_statistic",
-    "holder_statistics", "holm", "kl_miller_madow", "logprob_ztest", "mcdiarmid_margin", "merge_tail", "pair_cells",
+    "holder_statistics", "holm", "kl_miller_madow", "logprob_ztest", "plugin_margin", "merge_tail", "pair_cells",
     "pit_ks_test", "plan_bound_by_simulation", "poisson_quadratic_k3", "plan_sample_size", "plan_tv_bound_samples",
     "plan_two_sample_bound",
     "power_chisquare", "randomized_pit", "skew_k3_coefficients", "skew_lift", "tv_plugin", "tv_upper_bound", "two_sample_tv_upper",

@@ -10,20 +10,20 @@ under H0 (:func:`expected_tv_bound`, :class:`BoundPlan`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import numpy as np
 from scipy import stats as sps
 
 from specdec_lab.stats.results import _counts_and_law
 
-TV_ROUTES = ("combined", "holder", "mcdiarmid")
+TV_ROUTES = ("combined", "holder", "plugin")
 # How the combined bound spends δ = 1 − confidence (Bonferroni): the Hölder route's kept-set test,
-# its tail (Clopper–Pearson) and the shape-free McDiarmid route. The kept-set test is where a correct
+# its tail (Clopper–Pearson) and the shape-free plug-in route. The kept-set test is where a correct
 # sampler's bound comes from, so it gets most of δ; the tail holds ≈ m·p(T) <= a few samples at the chosen
-# floor, so 0.05δ costs it little; McDiarmid is the fallback for deviations piled on a few tokens, where
-# Hölder is loose, and its margin √(ln(1/δ_M)/2m) grows only 5% from 0.2δ to 0.1δ.
-KEPT_SHARE, TAIL_SHARE, MCDIARMID_SHARE = 0.85, 0.05, 0.1
+# floor, so 0.05δ costs it little; the plug-in route is the fallback for deviations piled on a few tokens, where
+# Hölder is loose, and its margin (≈ z_δ / 2√m) grows only 7% from 0.2δ to 0.1δ.
+KEPT_SHARE, TAIL_SHARE, PLUGIN_SHARE = 0.85, 0.05, 0.1
 # Candidate floors τ = c / m of the kept set A = {p >= τ} (0: every cell with p > 0; then the tail is empty and its
 # share of δ goes to the kept-set test)
 FLOOR_MULTIPLES = (0, 0.01, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20)
@@ -39,8 +39,8 @@ class TVBound:
     confidence: float
     m: int
     holder_route: float  # kept-set bound + tail bound, at the Hölder route's share of δ
-    mcdiarmid_route: float  # TV plug-in + √(ln(1/δ_M) / 2m), at its share of δ
-    binding: str  # the route that gave ``upper``: "holder" or "mcdiarmid"
+    plugin_route: float  # TV plug-in + plugin_margin(m, δ_P), at its share of δ
+    binding: str  # the route that gave ``upper``: "holder" or "plugin"
     kept_upper: float  # upper bound on ½ Σ_A |q_i − p_i| over the kept set A = {p >= floor}
     d_estimate: float  # W, the unbiased estimate of D = Σ_A p_i^(−2/3) (q_i − p_i)²
     tail_mass_p: float  # p(T), target mass outside A
@@ -84,13 +84,31 @@ def expected_tv_plugin(p, m: int) -> float:
     return float(0.5 * mad.sum() / m)
 
 
-def mcdiarmid_margin(m: int, delta: float) -> float:
-    """√(ln(1/δ) / (2m)): how far TV can exceed the plug-in TV̂ with probability at most δ.
+def plugin_margin(m: int, delta: float) -> float:
+    """The plug-in route's margin: the largest lower deviation q − N/m of a Binomial(m, q) proportion at level δ,
+    over every q in [0, 1] — how far TV can exceed the plug-in TV̂ with probability at most δ.
 
-    >>> round(mcdiarmid_margin(20_000, 0.005), 4)
-    0.0115
+    Why it holds: with A* = {q > p}, TV = q(A*) − p(A*) and TV̂ = max_A (N(A)/m − p(A)) >= N(A*)/m − p(A*), so
+    TV − TV̂ <= q(A*) − N(A*)/m, and N(A*) ~ Binomial(m, q(A*)) for the one fixed (unknown) set A*. For each q,
+    P(q − N/m > q − k_q/m) <= δ with k_q the binomial's lower δ-quantile (``binom.ppf``); k_q is nondecreasing in q,
+    so on a grid q_0 < q_1 < … the supremum over q in [q_j, q_{j+1}] is at most q_{j+1} − k_{q_j}/m, and the
+    margin is the largest of those (exact, finite-sample). It is ≈ z_δ / (2√m), the q = ½ normal quantile:
+    at δ = 0.001, 16% below McDiarmid's bounded-differences margin √(ln(1/δ) / 2m), which it replaces.
+
+    >>> round(plugin_margin(45_000, 0.001), 5)  # McDiarmid's: 0.00876
+    0.00734
     """
-    return float(np.sqrt(np.log(1.0 / delta) / (2 * m)))
+    return _plugin_margin(int(m), float(delta))
+
+
+@lru_cache(maxsize=4096)
+def _plugin_margin(m: int, delta: float) -> float:
+    if delta <= 0:
+        return 1.0
+    step = min(5e-5, float(np.sqrt(np.log(1.0 / delta) / (2 * m))) / 200)  # grid slack <= 0.5% of McDiarmid's margin
+    q = np.linspace(0.0, 1.0, int(np.ceil(1.0 / step)) + 1)
+    k = sps.binom.ppf(delta, m, q)  # (G,) lower δ-quantile of the count
+    return float(min(1.0, (q[1:] - k[:-1] / m).max()))
 
 
 def two_sample_tv_upper(x_counts, y_counts, confidence: float = 0.99) -> np.ndarray:
@@ -337,17 +355,17 @@ class BoundPlan:
 
     @property
     def shares(self) -> dict[str, float]:
-        """δ of each part: kept-set test, tail, McDiarmid."""
+        """δ of each part: kept-set test, tail, plug-in route."""
         return self._shares(tail_empty=not self.tail.any())
 
     def _shares(self, tail_empty: bool) -> dict[str, float]:
         delta = 1.0 - self.confidence
         kept, tail = (KEPT_SHARE + TAIL_SHARE, 0.0) if tail_empty else (KEPT_SHARE, TAIL_SHARE)
-        if self.route == "mcdiarmid":
-            return {"kept": 0.0, "tail": 0.0, "mcdiarmid": delta}
+        if self.route == "plugin":
+            return {"kept": 0.0, "tail": 0.0, "plugin": delta}
         if self.route == "holder":
-            return {"kept": delta * kept / (kept + tail), "tail": delta * tail / (kept + tail), "mcdiarmid": 0.0}
-        return {"kept": delta * kept, "tail": delta * tail, "mcdiarmid": delta * MCDIARMID_SHARE}
+            return {"kept": delta * kept / (kept + tail), "tail": delta * tail / (kept + tail), "plugin": 0.0}
+        return {"kept": delta * kept, "tail": delta * tail, "plugin": delta * PLUGIN_SHARE}
 
     @cached_property
     def chosen_floor(self) -> float:
@@ -387,10 +405,10 @@ class BoundPlan:
     def expected_upper(self) -> float:
         """The bound when the sampler is exactly p: W at its H0 value 0, the tail count and the plug-in at
         their means (this plan's route and shares)."""
-        holder = self._holder_under_h0(self.chosen_floor)[0] if self.route != "mcdiarmid" else np.inf
-        mcd = (expected_tv_plugin(self.p, self.m) + mcdiarmid_margin(self.m, self.shares["mcdiarmid"])
-               if self.route != "holder" else np.inf)
-        return float(min(holder, mcd))
+        holder = self._holder_under_h0(self.chosen_floor)[0] if self.route != "plugin" else np.inf
+        plugin = (expected_tv_plugin(self.p, self.m) + plugin_margin(self.m, self.shares["plugin"])
+                  if self.route != "holder" else np.inf)
+        return float(min(holder, plugin))
 
     def _tail_parts(self, p_tail: float, tail_n: np.ndarray, delta: float) -> tuple[np.ndarray, np.ndarray]:
         """(½ (p(T) + q(T) upper), q(T) upper at level ``delta``) for each tail count in ``tail_n`` (n,)."""
@@ -402,15 +420,15 @@ class BoundPlan:
 
     def routes(self, counts: np.ndarray) -> dict[str, np.ndarray]:
         """Every part of the bound for a batch of sample sets' counts (n, V) (already checked against p):
-        "holder", "mcdiarmid" (NaN where this route leaves it out), "kept" (the kept-set bound), "w",
+        "holder", "plugin" (NaN where this route leaves it out), "kept" (the kept-set bound), "w",
         "q_tail_up", each (n,)."""
         m, n = self.m, len(counts)
         nan = np.full(n, np.nan)
-        parts = {"holder": nan, "mcdiarmid": nan, "kept": nan, "w": nan, "q_tail_up": nan}
+        parts = {"holder": nan, "plugin": nan, "kept": nan, "w": nan, "q_tail_up": nan}
         if self.route != "holder":
             plugin = 0.5 * np.abs(counts / m - self.p).sum(1)
-            parts["mcdiarmid"] = plugin + mcdiarmid_margin(m, self.shares["mcdiarmid"])
-        if self.route != "mcdiarmid":
+            parts["plugin"] = plugin + plugin_margin(m, self.shares["plugin"])
+        if self.route != "plugin":
             kept = self.kept
             w = holder_statistics(counts[:, kept], self.p[kept], m) if kept.any() else np.zeros(n)
             # W below its H0 mean 0 is read as 0: it says the sample fluctuated low, not that the deviation is
@@ -429,19 +447,19 @@ class BoundPlan:
     @staticmethod
     def combined(parts: dict[str, np.ndarray]) -> np.ndarray:
         """The bound from :meth:`routes`' parts: the smaller route (a route left out is NaN), at most 1."""
-        return np.minimum(1.0, np.fmin(parts["holder"], parts["mcdiarmid"]))
+        return np.minimum(1.0, np.fmin(parts["holder"], parts["plugin"]))
 
     def bound(self, counts: np.ndarray) -> TVBound:
         """The bound from one sample set's counts (V,) (already checked against p)."""
         parts = {k: float(v[0]) for k, v in self.routes(np.asarray(counts)[None]).items()}
-        holder, mcd = parts["holder"], parts["mcdiarmid"]
-        if self.route == "holder" or (self.route == "combined" and holder <= mcd):
+        holder, plugin = parts["holder"], parts["plugin"]
+        if self.route == "holder" or (self.route == "combined" and holder <= plugin):
             upper, binding = holder, "holder"
         else:
-            upper, binding = mcd, "mcdiarmid"
-        p_tail = float(self.p[self.tail].sum()) if self.route != "mcdiarmid" else float("nan")
+            upper, binding = plugin, "plugin"
+        p_tail = float(self.p[self.tail].sum()) if self.route != "plugin" else float("nan")
         return TVBound(float(min(1.0, upper)), self.confidence, self.m, float(min(1.0, holder)),
-                       float(min(1.0, mcd)), binding, parts["kept"], parts["w"], p_tail, parts["q_tail_up"],
+                       float(min(1.0, plugin)), binding, parts["kept"], parts["w"], p_tail, parts["q_tail_up"],
                        self.chosen_floor)
 
 
@@ -458,10 +476,10 @@ def tv_upper_bound(counts, p, *, confidence: float = 0.99, floor: float | None =
         The kept set A = {i: p_i >= floor, p_i > 0}; by default the floor c/m (c in :data:`FLOOR_MULTIPLES`)
         that minimises the Hölder route's bound expected under H0 — a function of p and m only,
         never of the data, so choosing it costs no validity.
-    route : {"combined", "holder", "mcdiarmid"}
-        "holder" and "mcdiarmid" are the two bounds below, each alone at the full level δ;
+    route : {"combined", "holder", "plugin"}
+        "holder" and "plugin" are the two bounds below, each alone at the full level δ;
         "combined" (the default) spends 0.85δ on the Hölder route's kept-set test, 0.05δ on its
-        tail (0.9δ and 0 when no cell with p > 0 lies below the floor) and 0.1δ on McDiarmid, and keeps
+        tail (0.9δ and 0 when no cell with p > 0 lies below the floor) and 0.1δ on the plug-in route, and keeps
         the smaller of the two routes.
 
     Returns
@@ -493,12 +511,15 @@ def tv_upper_bound(counts, p, *, confidence: float = 0.99, floor: float | None =
     cannot back), and raising it keeps the bound valid. q(T) gets the Clopper–Pearson upper bound at δ_T
     on the tail count, which is exact.
 
-    **McDiarmid route** (distribution-free, exact). The plug-in TV̂ = ½ Σ |N_i/m − p_i| is convex
-    in the empirical law, so E[TV̂] >= TV (Jensen), and one sample changes it by at most 1/m:
-    P(TV > TV̂ + √(ln(1/δ)/2m)) <= δ. It keeps the bound shape-free: a deviation on one token
-    (where Hölder is loose: a large D for a small TV) costs it only its plug-in.
+    **Plug-in route** (distribution-free, exact). With A* = {q > p}, TV = q(A*) − p(A*), and the plug-in
+    TV̂ = ½ Σ |N_i/m − p_i| = max_A (N(A)/m − p(A)) is at least N(A*)/m − p(A*); so TV − TV̂ is at most the
+    lower deviation q(A*) − N(A*)/m of one binomial proportion, whatever A* is: P(TV > TV̂ + t) <= δ with
+    t = :func:`plugin_margin` (m, δ), the largest exact binomial lower δ-deviation over q in [0, 1] (≈ z_δ/2√m,
+    16% below McDiarmid's bounded-differences margin √(ln(1/δ)/2m) at δ = 0.001). It keeps the bound
+    shape-free: a deviation on one token (where Hölder is loose: a large D for a small TV) costs it only its
+    plug-in.
 
-    **Validity.** The tail and McDiarmid parts hold in finite samples. The kept-set test rests on
+    **Validity.** The tail and plug-in parts hold in finite samples. The kept-set test rests on
     (i) a one-term Cornish–Fisher expansion of W's lower tail, with the skewness bounded below (the normal
     quantile alone sits ≈ 1 sd below W's true lower 1% point on the first-token laws: W's summands are
     right-skewed); (ii) the Poissonised variance and cumulant — multinomial sampling makes the counts
@@ -518,7 +539,6 @@ def tv_upper_bound(counts, p, *, confidence: float = 0.99, floor: float | None =
     Valiant, G. and Valiant, P. (2017). An automatic inequality prover and instance optimal
     identity testing. SIAM J. Comput. 46(1).
     Wellek, S. (2010). Testing Statistical Hypotheses of Equivalence and Noninferiority. CRC.
-    McDiarmid, C. (1989). On the method of bounded differences. Surveys in Combinatorics 141, 148-188.
 
     Examples
     --------
@@ -535,7 +555,7 @@ def tv_upper_bound(counts, p, *, confidence: float = 0.99, floor: float | None =
 def expected_tv_bound(p, m: int, confidence: float = 0.99, routes=TV_ROUTES) -> dict[str, float]:
     """Each route's bound when the sampler is exactly p, at W = 0 (D's value under H0), the tail
     count at its mean and the plug-in at its mean: what a correct sampler's verdict shows at m
-    samples, from p and m alone. Keys (``routes``): "holder" and "mcdiarmid" (each alone at the full
+    samples, from p and m alone. Keys (``routes``): "holder" and "plugin" (each alone at the full
     level) and "combined" (the smaller of the two at their shares of δ).
 
     >>> b = expected_tv_bound(np.full(100, 0.01), 100_000)

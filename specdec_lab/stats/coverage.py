@@ -130,15 +130,15 @@ def coverage_case(p: np.ndarray, q: np.ndarray, m: int, reps: int, rng: np.rando
     counts, p -> bound) the baseline's median bound on the first ``baseline_reps`` sample sets."""
     plan = BoundPlan(p, m, confidence) if plan is None else plan
     truth = tv(q, p)
-    uppers, mcd, base = [], 0, []
+    uppers, plugin, base = [], 0, []
     for counts in multinomial_batches(m, q, reps, rng):  # (n, V)
         parts = plan.routes(counts)
         uppers.append(plan.combined(parts))
-        mcd += int((parts["mcdiarmid"] < parts["holder"]).sum())
+        plugin += int((parts["plugin"] < parts["holder"]).sum())
         if baseline is not None:
             base += [baseline(c, p) for c in counts[:max(0, baseline_reps - len(base))]]
     uppers = np.concatenate(uppers)
     misses = int((uppers < truth).sum())
     return {"true TV": truth, "m": m, "replicates": reps, "misses": misses, "miss rate": misses / reps,
-            "median bound": float(np.median(uppers)), "McDiarmid binding": mcd / reps,
+            "median bound": float(np.median(uppers)), "plug-in binding": plugin / reps,
             "baseline median": float(np.median(base)) if base else float("nan"), "floor": plan.chosen_floor}

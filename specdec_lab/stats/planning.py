@@ -131,17 +131,17 @@ def plan_two_sample_bound(p, eps: float, *, confidence: float = 0.99, assurance:
 
 def plan_tv_bound_samples(p, eps: float, confidence: float = 0.99) -> dict[str, int]:
     """Samples m at which a correct sampler's expected bound (:func:`expected_tv_bound`) reaches ε,
-    per route: {"holder", "mcdiarmid", "combined"} (each route alone at the full level, combined at
+    per route: {"holder", "plugin", "combined"} (each route alone at the full level, combined at
     its shares of δ). A quick guide; :func:`plan_bound_by_simulation` sizes a run.
 
     >>> plan = plan_tv_bound_samples(np.full(100, 0.01), 0.02)
-    >>> plan["combined"] <= 1.2 * min(plan["holder"], plan["mcdiarmid"])
+    >>> plan["combined"] <= 1.2 * min(plan["holder"], plan["plugin"])
     True
     """
     if not 0 < eps < 1:
         raise ValueError(f"eps must lie in (0, 1), got {eps!r}")
     plan = {}
-    for key in ("holder", "mcdiarmid", "combined"):
+    for key in ("holder", "plugin", "combined"):
         def ok(m):
             return expected_tv_bound(p, m, confidence, (key,))[key] <= eps
         lo, hi = 1, 2
