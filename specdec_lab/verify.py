@@ -333,8 +333,9 @@ def run_rows(pair, rows: list[Row], options: VerifyOptions, settings: SuiteSetti
     rows = sorted(rows, key=_cost, reverse=True)
     # With ``later``: the costlier half of ``rows`` keeps the workers busy while the caller plans, then the
     # planned rows run (costliest first), and the cheaper half last, where small rows even out the workers'
-    # finishing times (the twelve 4,000-sample controls of `make verify` take 10-15 s each, its lossless rows
-    # 15-110 s; queued before them, the controls left one worker idle for the last ≈ 50 s).
+    # finishing times (the twelve 4,000-sample controls of `make verify` take 6-30 s each, its lossless rows
+    # 14-110 s; queued after the controls, the big rows could leave one worker idle at the end — an estimate
+    # from the row times, not measured on its own).
     head = (len(rows) + 1) // 2 if later else len(rows)
     submit(rows[:head])
     if later:  # called only once the head is queued
