@@ -348,12 +348,20 @@ class TestTVUpperBound:
             got = sum(c * x ** j for j, c in enumerate(coefficients))
             np.testing.assert_allclose(got, expected, rtol=1e-9)
 
-    def test_an_empty_tail_gives_its_delta_to_the_kept_set(self, real_law):
-        full = stats.BoundPlan(real_law, 40_000, floor=0.0)
-        cut = stats.BoundPlan(real_law, 40_000, floor=1e-4)
-        assert not full.tail.any() and cut.tail.any()
-        assert full.shares == pytest.approx({"kept": 0.009, "tail": 0.0, "plugin": 0.001})
-        assert cut.shares == pytest.approx({"kept": 0.0085, "tail": 0.0005, "plugin": 0.001})
+    def test_an_empty_tail_or_coarse_floor_gives_its_delta_to_the_kept_set(self, real_law):
+        """Floor 0: no tail, its 0.05δ to the kept set; the coarse floor ½/m = 1.25e-5 holds fewer cells, so it
+        keeps its 0.05δ (16:1 between its kept set and tail). Floor 1e-4, above the coarse floor: a tail, no
+        coarse route (it would keep the same cells), its 0.05δ to the kept set."""
+        m = 40_000
+        full = stats.BoundPlan(real_law, m, floor=0.0)
+        cut = stats.BoundPlan(real_law, m, floor=1e-4)
+        assert not full.tail.any() and cut.tail.any() and (real_law < 0.5 / m).any()
+        coarse = {"coarse_kept": 0.0005 * 16 / 17, "coarse_tail": 0.0005 / 17}
+        assert full.shares == pytest.approx({"kept": 0.0085, "tail": 0.0, "plugin": 0.001} | coarse)
+        assert cut.shares == pytest.approx({"kept": 0.0085, "tail": 0.0005, "plugin": 0.001,
+                                            "coarse_kept": 0.0, "coarse_tail": 0.0})
+        assert [f.floor for f in full.holder_floors] == [0.0, 0.5 / m] and len(cut.holder_floors) == 1
+        assert sum(full.shares.values()) == pytest.approx(0.01) == sum(cut.shares.values())
 
     def test_floor_candidates_keep_at_most_the_cell_cap(self):
         p = zipf(70_000)
@@ -424,6 +432,21 @@ class TestTVUpperBound:
         assert np.median([b.upper for b in bounds]) < 0.021
         assert all(b.binding == "holder" for b in bounds)
 
+    def test_coarse_floor_rescues_mass_moved_onto_cells_far_below_one_count(self, pair, prompt):
+        """On the joint law at m = 100,000 the chosen floor is 0.01/m: its kept set holds thousands of cells of
+        expected count 0.01–0.04. TV 0.02 moved onto them: the chosen floor's Hölder bound is ≈ 0.08 and the
+        plug-in's ≈ 0.067 (its bias on 262,144 cells); the coarse floor's tail reads the mass through its count."""
+        from specdec_lab.suite import two_token_law
+        joint = two_token_law(pair, prompt, SamplingConfig()).joint
+        m, rng = 100_000, np.random.default_rng(16)
+        plan = stats.BoundPlan(joint, m)
+        assert plan.chosen_floor < 0.5 / m == plan.holder_floors[1].floor
+        q = coverage.near_floor(joint, 0.02, plan.chosen_floor, rng)
+        bounds = [plan.bound(rng.multinomial(m, q)) for _ in range(10)]
+        assert all(b.binding == "holder-coarse" and coverage.tv(q, joint) <= b.upper for b in bounds)
+        assert np.median([b.upper for b in bounds]) < 0.85 * np.median(
+            [min(b.holder_route, b.plugin_route) for b in bounds])
+
     def test_plugin_route_rescues_a_deviation_on_a_rare_token(self, real_law):
         """TV 0.01 moved onto one rare token: Hölder (a large D for a small TV) is loose, the plug-in route is not."""
         rng = np.random.default_rng(11)
@@ -433,7 +456,8 @@ class TestTVUpperBound:
         assert bound.binding == "plugin" and coverage.tv(q, real_law) <= bound.upper == bound.plugin_route
 
     def test_combined_spends_delta_as_documented(self, real_law):
-        """combined = min(Hölder at 0.9δ (0.85δ kept set, 0.05δ tail), the plug-in route at 0.1δ)."""
+        """combined = min(Hölder at the chosen floor (0.8δ kept set, 0.05δ tail), Hölder at the coarse floor
+        (0.05δ), the plug-in route at 0.1δ)."""
         rng = np.random.default_rng(12)
         m = 20_000
         for alternative in ("null", "holder", "rare_spike"):
@@ -442,7 +466,10 @@ class TestTVUpperBound:
             combined = stats.tv_upper_bound(counts, real_law)
             plugin = stats.tv_plugin(counts, real_law) + stats.plugin_margin(m, 0.001)
             assert combined.plugin_route == pytest.approx(plugin)
-            assert combined.upper == pytest.approx(min(combined.holder_route, combined.plugin_route))
+            assert combined.upper == pytest.approx(min(combined.holder_route, combined.coarse_route,
+                                                       combined.plugin_route))
+            coarse = stats.tv_upper_bound(counts, real_law, route="holder", floor=combined.coarse_floor)
+            assert coarse.holder_route < combined.coarse_route  # alone, the coarse floor has the whole δ
             alone = stats.tv_upper_bound(counts, real_law, route="holder", floor=combined.floor)
             assert alone.holder_route <= combined.holder_route + 1e-12  # alone it has the whole δ
             assert combined.holder_route == pytest.approx(

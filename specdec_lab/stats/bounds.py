@@ -18,15 +18,23 @@ from scipy import stats as sps
 from specdec_lab.stats.results import _counts_and_law
 
 TV_ROUTES = ("combined", "holder", "plugin")
-# How the combined bound spends δ = 1 − confidence (Bonferroni): the Hölder route's kept-set test,
-# its tail (Clopper–Pearson) and the shape-free plug-in route. The kept-set test is where a correct
-# sampler's bound comes from, so it gets most of δ; the tail holds ≈ m·p(T) <= a few samples at the chosen
-# floor, so 0.05δ costs it little; the plug-in route is the fallback for deviations piled on a few tokens, where
-# Hölder is loose, and its margin (≈ z_δ / 2√m) grows only 7% from 0.2δ to 0.1δ.
-KEPT_SHARE, TAIL_SHARE, PLUGIN_SHARE = 0.85, 0.05, 0.1
+# How the combined bound spends δ = 1 − confidence (Bonferroni): the Hölder route's kept-set test and its tail
+# (Clopper–Pearson) at the chosen floor, the same at the coarse floor, and the shape-free plug-in route. The
+# kept-set test is where a correct sampler's bound comes from, so it gets most of δ; the tail holds ≈ m·p(T) <= a
+# few samples at the chosen floor, so 0.05δ costs it little; the coarse floor and the plug-in route are the
+# fallbacks for deviations that Hölder's weights see badly (mass moved onto cells whose expected count is far below
+# one; mass piled on a few tokens), and their margins grow slowly as their share shrinks (the plug-in route's,
+# ≈ z_δ / 2√m, only 7% from 0.2δ to 0.1δ).
+KEPT_SHARE, TAIL_SHARE, COARSE_SHARE, PLUGIN_SHARE = 0.8, 0.05, 0.05, 0.1
 # Candidate floors τ = c / m of the kept set A = {p >= τ} (0: every cell with p > 0; then the tail is empty and its
 # share of δ goes to the kept-set test)
 FLOOR_MULTIPLES = (0, 0.01, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20)
+# The coarse floor, c / m: cells whose expected count under p is below ½ go to its Clopper–Pearson tail. The chosen
+# floor (the one that minimises the bound under H0) is often far lower on large supports (0.01/m on the two-token
+# laws), where mass moved onto cells of expected count ≈ 0.01–0.04 gives Hölder a large D for a small TV; the coarse
+# floor's tail reads that mass as ½ (p(T) + q(T)). Its share goes to the chosen floor's kept-set test when no cell
+# with p > 0 lies in [chosen floor, coarse floor) (the two floors would keep the same cells).
+COARSE_FLOOR_MULTIPLE = 0.5
 # A floor c/m with more than this many cells of p >= c/m (p = 0 included at c = 0) is not a candidate (unless none
 # is left): building its test costs seconds (deviation_shapes is (n_shapes, |A|)), for the few cells below c = 0.01
 MAX_KEPT_CELLS = 65_536
@@ -38,14 +46,16 @@ class TVBound:
     upper: float  # TV(q, p) <= upper with probability >= confidence
     confidence: float
     m: int
-    holder_route: float  # kept-set bound + tail bound, at the Hölder route's share of δ
+    holder_route: float  # kept-set bound + tail bound at the chosen floor τ, at its share of δ
     plugin_route: float  # TV plug-in + plugin_margin(m, δ_P), at its share of δ
-    binding: str  # the route that gave ``upper``: "holder" or "plugin"
-    kept_upper: float  # upper bound on ½ Σ_A |q_i − p_i| over the kept set A = {p >= floor}
+    binding: str  # the route that gave ``upper``: "holder", "holder-coarse" or "plugin"
+    kept_upper: float  # upper bound on ½ Σ_A |q_i − p_i| over the kept set A = {p >= τ}
     d_estimate: float  # W, the unbiased estimate of D = Σ_A p_i^(−2/3) (q_i − p_i)²
     tail_mass_p: float  # p(T), target mass outside A
     tail_mass_q_upper: float  # Clopper–Pearson upper bound on q(T)
     floor: float  # τ
+    coarse_route: float = float('nan')  # the Hölder route at the coarse floor (NaN where it is left out)
+    coarse_floor: float = float('nan')
 
 
 # ------------------------------------------------------------------------------------------ estimates
@@ -335,9 +345,55 @@ def holder_statistics(counts_a: np.ndarray, p_a: np.ndarray, m: int) -> np.ndarr
 
 
 @dataclass(frozen=True)
+class HolderFloor:
+    """The Hölder route at one floor: the kept-set test on A = {p >= floor, p > 0} at level ``kept_delta``, and
+    the Clopper–Pearson bound on the tail T (the rest of p's support) at ``tail_delta``."""
+
+    floor: float
+    kept: np.ndarray  # (V,) bool
+    tail: np.ndarray  # (V,) bool
+    p_tail: float
+    test: KeptSetTest | None  # None when A is empty
+    tail_delta: float
+
+    @classmethod
+    def build(cls, p: np.ndarray, m: int, floor: float, kept_delta: float, tail_delta: float) -> "HolderFloor":
+        kept = (p >= floor) & (p > 0)
+        tail = ~kept & (p > 0)
+        test = KeptSetTest.build(p[kept], m, kept_delta) if kept.any() else None
+        return cls(float(floor), kept, tail, float(p[tail].sum()), test, tail_delta)
+
+    def parts(self, counts: np.ndarray, p: np.ndarray, m: int) -> dict[str, np.ndarray]:
+        """"holder" (the bound), "kept", "w", "q_tail_up", each (n,), for counts (n, V)."""
+        n = len(counts)
+        w = holder_statistics(counts[:, self.kept], p[self.kept], m) if self.kept.any() else np.zeros(n)
+        # W below its H0 mean 0 is read as 0: it says the sample fluctuated low, not that the deviation is
+        # smaller than m samples resolve (and it can fall below every threshold: an empty confidence set, a
+        # "bound" of 0). Only raising the bound, this keeps it valid.
+        kept_up = self.test.uppers(np.maximum(w, 0.0)) if self.test is not None else np.zeros(n)
+        tail_up, q_tail_up = tail_parts(self.p_tail, counts[:, self.tail].sum(1), m, self.tail_delta)
+        return {"holder": kept_up + tail_up, "kept": kept_up, "w": w, "q_tail_up": q_tail_up}
+
+    def under_h0(self, m: int) -> float:
+        """The bound at W = 0 and the tail count at its mean m p(T)."""
+        tail_up = tail_parts(self.p_tail, np.array([round(m * self.p_tail)]), m, self.tail_delta)[0][0]
+        return (self.test.upper(0.0) if self.test is not None else 0.0) + float(tail_up)
+
+
+def tail_parts(p_tail: float, tail_n: np.ndarray, m: int, delta: float) -> tuple[np.ndarray, np.ndarray]:
+    """(½ (p(T) + q(T) upper), q(T) upper at level ``delta``) for each tail count in ``tail_n`` (n,): the tail's
+    share of the Hölder route, TV's part on T at most ½ (p(T) + q(T)), with q(T)'s exact Clopper–Pearson bound."""
+    if p_tail <= 0 and not tail_n.any():
+        return np.zeros(len(tail_n)), np.zeros(len(tail_n))
+    n = np.minimum(tail_n, m - 1)
+    q_up = np.where(tail_n >= m, 1.0, sps.beta.isf(delta, n + 1, m - n))
+    return 0.5 * (p_tail + q_up), q_up
+
+
+@dataclass(frozen=True)
 class BoundPlan:
-    """Everything :func:`tv_upper_bound` computes from p and m alone (the floor, the kept set, the
-    inverted test), so that many sample sets of one (p, m) — a planner's simulation — share it."""
+    """Everything :func:`tv_upper_bound` computes from p and m alone (the floors, the kept sets, the
+    inverted tests), so that many sample sets of one (p, m) — a planner's simulation — share it."""
 
     p: np.ndarray
     m: int
@@ -354,90 +410,101 @@ class BoundPlan:
             raise ValueError(f"m must be >= 1, got {self.m!r}")
 
     @property
-    def shares(self) -> dict[str, float]:
-        """δ of each part: kept-set test, tail, plug-in route."""
-        return self._shares(tail_empty=not self.tail.any())
+    def coarse_floor(self) -> float:
+        return COARSE_FLOOR_MULTIPLE / self.m
 
-    def _shares(self, tail_empty: bool) -> dict[str, float]:
-        delta = 1.0 - self.confidence
+    @property
+    def shares(self) -> dict[str, float]:
+        """δ of each part: kept-set test and tail at the chosen floor, the same at the coarse floor, plug-in route."""
+        return self._shares(self.chosen_floor)
+
+    def _shares(self, floor: float) -> dict[str, float]:
+        """The δ split at a given chosen floor: an empty tail gives its share to its kept-set test, and a coarse
+        floor that keeps the same cells as the chosen one gives its share to the chosen floor's kept-set test."""
+        support = self.p > 0
+        tail_empty = not (support & (self.p < floor)).any()
+        coarse = bool((support & (self.p >= floor) & (self.p < self.coarse_floor)).any())
         kept, tail = (KEPT_SHARE + TAIL_SHARE, 0.0) if tail_empty else (KEPT_SHARE, TAIL_SHARE)
+        coarse_kept, coarse_tail = (COARSE_SHARE * KEPT_SHARE / (KEPT_SHARE + TAIL_SHARE),
+                                    COARSE_SHARE * TAIL_SHARE / (KEPT_SHARE + TAIL_SHARE)) if coarse else (0.0, 0.0)
+        if not coarse:
+            kept += COARSE_SHARE
+        holder = {"kept": kept, "tail": tail, "coarse_kept": coarse_kept, "coarse_tail": coarse_tail}
+        delta = 1.0 - self.confidence
         if self.route == "plugin":
-            return {"kept": 0.0, "tail": 0.0, "plugin": delta}
+            return dict.fromkeys(holder, 0.0) | {"plugin": delta}
         if self.route == "holder":
-            return {"kept": delta * kept / (kept + tail), "tail": delta * tail / (kept + tail), "plugin": 0.0}
-        return {"kept": delta * kept, "tail": delta * tail, "plugin": delta * PLUGIN_SHARE}
+            total = sum(holder.values())
+            return {k: delta * v / total for k, v in holder.items()} | {"plugin": 0.0}
+        return {k: delta * v for k, v in holder.items()} | {"plugin": delta * PLUGIN_SHARE}
 
     @cached_property
     def chosen_floor(self) -> float:
         if self.floor is not None:
             return float(self.floor)
         floors = [c / self.m for c in FLOOR_MULTIPLES if (self.p >= c / self.m).sum() <= MAX_KEPT_CELLS]
-        return min(floors or [FLOOR_MULTIPLES[-1] / self.m], key=lambda f: self._holder_under_h0(f, skew=False)[0])
+        return min(floors or [FLOOR_MULTIPLES[-1] / self.m], key=self._unskewed_under_h0)
+
+    def _unskewed_under_h0(self, floor: float) -> float:
+        """The floor search's criterion: the chosen floor's Hölder bound at W = 0 without the skew lift, and the
+        tail count at its mean (no grid: :meth:`KeptSetTest.unskewed_upper_at_zero`)."""
+        shares = self._shares(floor)
+        kept = (self.p >= floor) & (self.p > 0)
+        p_tail = float(self.p[~kept].sum())
+        tail_part = tail_parts(p_tail, np.array([round(self.m * p_tail)]), self.m, shares["tail"])[0][0]
+        kept_part = KeptSetTest.unskewed_upper_at_zero(self.p[kept], self.m, shares["kept"]) if kept.any() else 0.0
+        return kept_part + float(tail_part)
 
     @cached_property
+    def holder_floors(self) -> tuple[HolderFloor, ...]:
+        """The Hölder route at the chosen floor, then at the coarse floor where it has a share (() for the
+        plug-in route alone)."""
+        if self.route == "plugin":
+            return ()
+        shares = self.shares
+        floors = [HolderFloor.build(self.p, self.m, self.chosen_floor, shares["kept"], shares["tail"])]
+        if shares["coarse_kept"] > 0:
+            floors.append(HolderFloor.build(self.p, self.m, self.coarse_floor, shares["coarse_kept"],
+                                            shares["coarse_tail"]))
+        return tuple(floors)
+
+    @property
     def kept(self) -> np.ndarray:
-        return self._kept_at(self.chosen_floor)
+        """The chosen floor's kept set A = {p >= floor, p > 0} (V,) bool; the tail is the rest of p's support."""
+        return self.holder_floors[0].kept if self.holder_floors else (self.p >= self.chosen_floor) & (self.p > 0)
 
-    def _kept_at(self, floor: float) -> np.ndarray:
-        """The kept set A = {p >= floor, p > 0} (V,) bool; the tail is the rest of p's support."""
-        return (self.p >= floor) & (self.p > 0)
-
-    @cached_property
+    @property
     def tail(self) -> np.ndarray:
         return ~self.kept & (self.p > 0)
 
-    @cached_property
+    @property
     def test(self) -> KeptSetTest | None:
-        return self._holder_under_h0(self.chosen_floor)[1]
-
-    def _holder_under_h0(self, floor: float, skew: bool = True) -> tuple[float, KeptSetTest | None]:
-        """(the Hölder route's bound at W = 0 and tail count m p(T), its kept-set test) at a floor."""
-        kept = self._kept_at(floor)
-        shares = self._shares(tail_empty=bool(kept.sum() == (self.p > 0).sum()))
-        p_tail = float(self.p[~kept].sum())
-        tail_part = self._tail_parts(p_tail, np.array([round(self.m * p_tail)]), shares["tail"])[0][0]
-        if not skew:  # the floor search: the bound at W = 0 only, no grid
-            kept_part = KeptSetTest.unskewed_upper_at_zero(self.p[kept], self.m, shares["kept"]) if kept.any() else 0.0
-            return kept_part + tail_part, None
-        test = KeptSetTest.build(self.p[kept], self.m, shares["kept"], skew) if kept.any() else None
-        return (test.upper(0.0) if test else 0.0) + tail_part, test
+        """The chosen floor's kept-set test."""
+        return self.holder_floors[0].test if self.holder_floors else None
 
     def expected_upper(self) -> float:
-        """The bound when the sampler is exactly p: W at its H0 value 0, the tail count and the plug-in at
+        """The bound when the sampler is exactly p: W at its H0 value 0, the tail counts and the plug-in at
         their means (this plan's route and shares)."""
-        holder = self._holder_under_h0(self.chosen_floor)[0] if self.route != "plugin" else np.inf
+        holder = min((f.under_h0(self.m) for f in self.holder_floors), default=np.inf)
         plugin = (expected_tv_plugin(self.p, self.m) + plugin_margin(self.m, self.shares["plugin"])
                   if self.route != "holder" else np.inf)
         return float(min(holder, plugin))
 
-    def _tail_parts(self, p_tail: float, tail_n: np.ndarray, delta: float) -> tuple[np.ndarray, np.ndarray]:
-        """(½ (p(T) + q(T) upper), q(T) upper at level ``delta``) for each tail count in ``tail_n`` (n,)."""
-        if p_tail <= 0 and not tail_n.any():
-            return np.zeros(len(tail_n)), np.zeros(len(tail_n))
-        n = np.minimum(tail_n, self.m - 1)
-        q_up = np.where(tail_n >= self.m, 1.0, sps.beta.isf(delta, n + 1, self.m - n))
-        return 0.5 * (p_tail + q_up), q_up
-
     def routes(self, counts: np.ndarray) -> dict[str, np.ndarray]:
         """Every part of the bound for a batch of sample sets' counts (n, V) (already checked against p):
-        "holder", "plugin" (NaN where this route leaves it out), "kept" (the kept-set bound), "w",
-        "q_tail_up", each (n,)."""
+        "holder" and "coarse" (the Hölder route at the chosen and coarse floors), "plugin" (NaN where this route
+        leaves it out), and the chosen floor's "kept" (the kept-set bound), "w", "q_tail_up", each (n,)."""
         m, n = self.m, len(counts)
         nan = np.full(n, np.nan)
-        parts = {"holder": nan, "plugin": nan, "kept": nan, "w": nan, "q_tail_up": nan}
+        parts = {"holder": nan, "coarse": nan, "plugin": nan, "kept": nan, "w": nan, "q_tail_up": nan}
         if self.route != "holder":
             plugin = 0.5 * np.abs(counts / m - self.p).sum(1)
             parts["plugin"] = plugin + plugin_margin(m, self.shares["plugin"])
-        if self.route != "plugin":
-            kept = self.kept
-            w = holder_statistics(counts[:, kept], self.p[kept], m) if kept.any() else np.zeros(n)
-            # W below its H0 mean 0 is read as 0: it says the sample fluctuated low, not that the deviation is
-            # smaller than m samples resolve (and it can fall below every threshold: an empty confidence set, a
-            # "bound" of 0). Only raising the bound, this keeps it valid.
-            kept_up = self.test.uppers(np.maximum(w, 0.0)) if self.test is not None else np.zeros(n)
-            tail_up, q_tail_up = self._tail_parts(float(self.p[self.tail].sum()), counts[:, self.tail].sum(1),
-                                                  self.shares["tail"])
-            parts.update(holder=kept_up + tail_up, kept=kept_up, w=w, q_tail_up=q_tail_up)
+        for name, floor in zip(("holder", "coarse"), self.holder_floors):
+            floor_parts = floor.parts(counts, self.p, m)
+            parts[name] = floor_parts["holder"]
+            if name == "holder":
+                parts.update(kept=floor_parts["kept"], w=floor_parts["w"], q_tail_up=floor_parts["q_tail_up"])
         return parts
 
     def uppers(self, counts: np.ndarray) -> np.ndarray:
@@ -446,21 +513,21 @@ class BoundPlan:
 
     @staticmethod
     def combined(parts: dict[str, np.ndarray]) -> np.ndarray:
-        """The bound from :meth:`routes`' parts: the smaller route (a route left out is NaN), at most 1."""
-        return np.minimum(1.0, np.fmin(parts["holder"], parts["plugin"]))
+        """The bound from :meth:`routes`' parts: the smallest route (a route left out is NaN), at most 1."""
+        return np.minimum(1.0, np.fmin(np.fmin(parts["holder"], parts["coarse"]), parts["plugin"]))
 
     def bound(self, counts: np.ndarray) -> TVBound:
         """The bound from one sample set's counts (V,) (already checked against p)."""
         parts = {k: float(v[0]) for k, v in self.routes(np.asarray(counts)[None]).items()}
-        holder, plugin = parts["holder"], parts["plugin"]
-        if self.route == "holder" or (self.route == "combined" and holder <= plugin):
-            upper, binding = holder, "holder"
-        else:
-            upper, binding = plugin, "plugin"
-        p_tail = float(self.p[self.tail].sum()) if self.route != "plugin" else float("nan")
-        return TVBound(float(min(1.0, upper)), self.confidence, self.m, float(min(1.0, holder)),
-                       float(min(1.0, plugin)), binding, parts["kept"], parts["w"], p_tail, parts["q_tail_up"],
-                       self.chosen_floor)
+        candidates = {k: parts[k] for k in ("holder", "coarse", "plugin") if not np.isnan(parts[k])}
+        binding = min(candidates, key=candidates.get)  # ties: the first, the chosen floor's Hölder route
+        upper = candidates[binding]
+        p_tail = self.holder_floors[0].p_tail if self.holder_floors else float("nan")
+        coarse = len(self.holder_floors) > 1
+        return TVBound(float(min(1.0, upper)), self.confidence, self.m, float(min(1.0, parts["holder"])),
+                       float(min(1.0, parts["plugin"])), {"coarse": "holder-coarse"}.get(binding, binding),
+                       parts["kept"], parts["w"], p_tail, parts["q_tail_up"], self.chosen_floor,
+                       float(min(1.0, parts["coarse"])), self.coarse_floor if coarse else float("nan"))
 
 
 def tv_upper_bound(counts, p, *, confidence: float = 0.99, floor: float | None = None,
@@ -478,15 +545,17 @@ def tv_upper_bound(counts, p, *, confidence: float = 0.99, floor: float | None =
         never of the data, so choosing it costs no validity.
     route : {"combined", "holder", "plugin"}
         "holder" and "plugin" are the two bounds below, each alone at the full level δ;
-        "combined" (the default) spends 0.85δ on the Hölder route's kept-set test, 0.05δ on its
-        tail (0.9δ and 0 when no cell with p > 0 lies below the floor) and 0.1δ on the plug-in route, and keeps
-        the smaller of the two routes.
+        "combined" (the default) spends 0.8δ on the Hölder route's kept-set test at the chosen floor, 0.05δ on
+        its tail (0.85δ and 0 when no cell with p > 0 lies below the floor), 0.05δ on the Hölder route at the
+        coarse floor ½/m (its kept-set test and tail in the same 16:1 ratio; that share goes to the chosen
+        floor's kept-set test when no cell with p > 0 lies between the two floors) and 0.1δ on the plug-in route,
+        and keeps the smallest.
 
     Returns
     -------
     TVBound
-        ``upper`` with P(TV(q, p) <= upper) >= confidence; both routes (each at its share of δ),
-        ``binding``, the route that gave ``upper``, and the Hölder route's parts.
+        ``upper`` with P(TV(q, p) <= upper) >= confidence; each route (at its share of δ),
+        ``binding``, the route that gave ``upper``, and the chosen floor's parts.
 
     Notes
     -----
@@ -511,6 +580,13 @@ def tv_upper_bound(counts, p, *, confidence: float = 0.99, floor: float | None =
     cannot back), and raising it keeps the bound valid. q(T) gets the Clopper–Pearson upper bound at δ_T
     on the tail count, which is exact.
 
+    **Two floors.** The chosen floor minimises the bound expected under H0, which on large supports puts it far
+    below 1/m (0.01/m on the two-token laws: the kept set holds thousands of cells whose expected count is
+    ≈ 0.01–0.04). Mass moved onto those cells gives Hölder a large D for a small TV (their weights p^(−2/3) are
+    the largest), and the plug-in route pays its own upward bias on such a support (E TV̂ ≈ 0.045 on the T = 1
+    two-token law at m = 103,070). So the Hölder route runs a second time at the coarse floor ½/m, whose tail
+    reads that mass through its count: ½ (p(T) + q(T)). The two floors are fixed by p and m alone.
+
     **Plug-in route** (distribution-free, exact). With A* = {q > p}, TV = q(A*) − p(A*), and the plug-in
     TV̂ = ½ Σ |N_i/m − p_i| = max_A (N(A)/m − p(A)) is at least N(A*)/m − p(A*); so TV − TV̂ is at most the
     lower deviation q(A*) − N(A*)/m of one binomial proportion, whatever A* is: P(TV > TV̂ + t) <= δ with
@@ -532,7 +608,7 @@ def tv_upper_bound(counts, p, *, confidence: float = 0.99, floor: float | None =
     near-floor perturbation, a deviation piled on the most likely token); the table is in
     ``docs/method.md``; ``tests/test_stats.py::TestTVUpperBound`` runs a small version.
 
-    **Combined.** Bonferroni over the three parts: valid at 1 − δ.
+    **Combined.** Bonferroni over the five parts (two kept-set tests, two tails, the plug-in): valid at 1 − δ.
 
     References
     ----------
