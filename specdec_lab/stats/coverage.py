@@ -126,19 +126,21 @@ def coverage_case(p: np.ndarray, q: np.ndarray, m: int, reps: int, rng: np.rando
                   confidence: float = 0.99, baseline=None, baseline_reps: int = 0,
                   plan: BoundPlan | None = None) -> dict:
     """Draw ``reps`` sample sets of m from q (in batches); bound each against p. Returns the true TV, the miss
-    count and rate, the median bound, the binding route's shares and (with ``baseline``, a function
-    counts, p -> bound) the baseline's median bound on the first ``baseline_reps`` sample sets."""
+    count and rate, the median bound, the shares of replicates bound by the plug-in route and by the coarse floor,
+    and (with ``baseline``, a function counts, p -> bound) the baseline's median bound on the first
+    ``baseline_reps`` sample sets."""
     plan = BoundPlan(p, m, confidence) if plan is None else plan
     truth = tv(q, p)
-    uppers, plugin, base = [], 0, []
+    uppers, plugin, coarse, base = [], 0, 0, []
     for counts in multinomial_batches(m, q, reps, rng):  # (n, V)
         parts = plan.routes(counts)
         uppers.append(plan.combined(parts))
-        plugin += int((parts["plugin"] < parts["holder"]).sum())
+        plugin += int((parts["plugin"] < np.fmin(parts["holder"], parts["coarse"])).sum())
+        coarse += int((parts["coarse"] < np.fmin(parts["holder"], parts["plugin"])).sum())
         if baseline is not None:
             base += [baseline(c, p) for c in counts[:max(0, baseline_reps - len(base))]]
     uppers = np.concatenate(uppers)
     misses = int((uppers < truth).sum())
     return {"true TV": truth, "m": m, "replicates": reps, "misses": misses, "miss rate": misses / reps,
-            "median bound": float(np.median(uppers)), "plug-in binding": plugin / reps,
+            "median bound": float(np.median(uppers)), "plug-in binding": plugin / reps, "coarse binding": coarse / reps,
             "baseline median": float(np.median(base)) if base else float("nan"), "floor": plan.chosen_floor}
