@@ -16,6 +16,13 @@ def zipf(n, s=1.1):
     return w / w.sum()
 
 
+def sparse_tail_law():
+    """40,512 cells: a Zipf head, 1,000 cells of 5e-6 and 39,000 of 1e-8 — more than the planner's SMALL_LAW_CELLS,
+    with cells between the chosen floor (0.01/m at m = 20,000-30,000) and the coarse one, and a tail below both."""
+    p = np.concatenate([0.999 * zipf(512), np.full(1_000, 5e-6), np.full(39_000, 1e-8)])
+    return p / p.sum()
+
+
 def binomial_slack(rate, reps, z=3.0):
     """Upper tolerance for an observed rejection rate whose true value is at most ``rate``."""
     return rate + z * np.sqrt(rate * (1 - rate) / reps)
@@ -507,9 +514,11 @@ class TestPlanBySimulation:
     """The planner's m makes a correct sampler's bound land below ε as often as it promises, and is
     not padded: at a third of that m the bound usually misses ε."""
 
-    @pytest.mark.parametrize("law", ["real", "zipf"])
+    @pytest.mark.parametrize("law", ["real", "zipf", "sparse tail"])
     def test_planned_m_reaches_eps_with_its_assurance(self, real_law, law):
-        p = real_law if law == "real" else zipf(512)
+        """'sparse tail' (40,512 cells, more than SMALL_LAW_CELLS) is planned from lumped draws; checked here on
+        full ones, with the plug-in route."""
+        p = {"real": real_law, "zipf": zipf(512), "sparse tail": sparse_tail_law()}[law]
         eps, assurance, reps = 0.04, 0.99, 400
         m = stats.plan_bound_by_simulation(p, eps, assurance=assurance, rng=np.random.default_rng(0))
         rng = np.random.default_rng(1)  # batched: BoundPlan.uppers is tv_upper_bound (test_batched_bounds_equal_one_at_a_time)
@@ -517,6 +526,19 @@ class TestPlanBySimulation:
         assert misses <= binomial_slack(1 - assurance, reps)
         third = np.mean(stats.BoundPlan(p, m // 3).uppers(rng.multinomial(m // 3, p, size=100)) > eps)
         assert third > 0.5, (m, third)
+
+    def test_lumped_counts_give_the_hoelder_bound_of_the_full_counts(self):
+        """What the planner draws on a large law: the kept set's counts and one cell for the rest give exactly the
+        Hölder route's bound of the full counts (both floors), which is at least the combined bound."""
+        p, m = sparse_tail_law(), 30_000
+        plan = stats.BoundPlan(p, m)
+        assert len(plan.holder_floors) == 2 and plan.tail.any()
+        counts = np.random.default_rng(4).multinomial(m, p, size=30)
+        law, floors = plan.lumped()
+        lumped = np.concatenate([counts[:, plan.kept], counts[:, plan.tail].sum(1, keepdims=True)], axis=1)
+        assert law.size == plan.kept.sum() + 1 and law.sum() == pytest.approx(1.0)
+        np.testing.assert_array_equal(plan.holder_uppers(lumped, law, floors), plan.holder_uppers(counts))
+        assert (plan.uppers(counts) <= plan.holder_uppers(counts)).all()
 
     def test_bad_arguments(self, real_law):
         with pytest.raises(ValueError, match="assurance"):

@@ -482,6 +482,25 @@ class BoundPlan:
         """The chosen floor's kept-set test."""
         return self.holder_floors[0].test if self.holder_floors else None
 
+    def lumped(self) -> tuple[np.ndarray, tuple[HolderFloor, ...]]:
+        """The law on the chosen floor's kept set A plus one cell for the rest of p's support, (|A| + 1,), and the
+        Hölder floors restated on it: the counts a Hölder route reads (A's cells, each floor's tail total) are a
+        function of the lumped counts, whose law is the multinomial of this law — what the planner draws on a
+        large law instead of all V cells (:func:`~specdec_lab.stats.planning.simulated_bounds`)."""
+        kept = self.kept
+        law = np.append(self.p[kept], self.p[~kept].sum())
+        floors = tuple(HolderFloor(f.floor, np.append(f.kept[kept], False), np.append(~f.kept[kept], True),
+                                   f.p_tail, f.test, f.tail_delta) for f in self.holder_floors)
+        return law, floors
+
+    def holder_uppers(self, counts: np.ndarray, p: np.ndarray | None = None,
+                      floors: tuple[HolderFloor, ...] | None = None) -> np.ndarray:
+        """The Hölder route's bound (the smaller floor's), at most 1, for counts (n, V) — or, with ``p`` and
+        ``floors`` from :meth:`lumped`, for lumped counts (n, |A| + 1). It is at least :meth:`uppers` (the plug-in
+        route can only lower the bound)."""
+        p, floors = (self.p, self.holder_floors) if floors is None else (p, floors)
+        return np.minimum(1.0, np.min([f.parts(counts, p, self.m)["holder"] for f in floors], axis=0))
+
     def expected_upper(self) -> float:
         """The bound when the sampler is exactly p: W at its H0 value 0, the tail counts and the plug-in at
         their means (this plan's route and shares)."""
