@@ -19,7 +19,7 @@ from specdec_lab.stats.bounds import (BoundPlan, expected_tv_bound, tv_upper_bou
 # the rest (BoundPlan.lumped), their bound the Hölder route's (the plug-in route left out, which can only lower it)
 SMALL_LAW_CELLS = 16_384
 PLAN_DRAWS = 20_000  # simulated bounds per candidate m: the empirical 1 − assurance quantile, no shape assumed
-LARGE_LAW_DRAWS = 200  # the two-sample planner's draws per m (mean + z sd)
+TWO_SAMPLE_DRAWS = 200  # the two-sample planner's draws per m (mean + z sd)
 SMALL_LAW_PRECISION, LARGE_LAW_PRECISION = 0.01, 0.05  # bisection on log m; a joint law's step costs ~10x more
 # Each m decides early on the first EARLY_DRAWS draws when the answer is plain: fail when so many bounds exceed ε
 # that an m meeting the assurance would show as many with probability below EARLY_FAIL_LEVEL (8 of 2,000 at
@@ -108,7 +108,7 @@ def plan_bound_by_simulation(p, eps: float, *, confidence: float = 0.99, assuran
 
 
 def plan_two_sample_bound(p, eps: float, *, confidence: float = 0.99, assurance: float = 0.999,
-                          draws: int = LARGE_LAW_DRAWS, rng: np.random.Generator | None = None,
+                          draws: int = TWO_SAMPLE_DRAWS, rng: np.random.Generator | None = None,
                           precision: float = LARGE_LAW_PRECISION) -> int:
     """Samples m *per server* at which two correct servers' :func:`two_sample_tv_upper` is below ε with
     probability about ``assurance``: both samples drawn from p itself, ``draws`` pairs per m, m passes when
