@@ -534,10 +534,10 @@ class TestPlanBySimulation:
         plan = stats.BoundPlan(p, m)
         assert len(plan.holder_floors) == 2 and plan.tail.any()
         counts = np.random.default_rng(4).multinomial(m, p, size=30)
-        law, floors = plan.lumped()
+        law, _ = plan.lumped
         lumped = np.concatenate([counts[:, plan.kept], counts[:, plan.tail].sum(1, keepdims=True)], axis=1)
         assert law.size == plan.kept.sum() + 1 and law.sum() == pytest.approx(1.0)
-        np.testing.assert_array_equal(plan.holder_uppers(lumped, law, floors), plan.holder_uppers(counts))
+        np.testing.assert_array_equal(plan.holder_uppers(lumped, lumped=True), plan.holder_uppers(counts))
         assert (plan.uppers(counts) <= plan.holder_uppers(counts)).all()
 
     def test_bad_arguments(self, real_law):

@@ -54,8 +54,8 @@ class TVBound:
     tail_mass_p: float  # p(T), target mass outside A
     tail_mass_q_upper: float  # Clopper–Pearson upper bound on q(T)
     floor: float  # τ
-    coarse_route: float = float('nan')  # the Hölder route at the coarse floor (NaN where it is left out)
-    coarse_floor: float = float('nan')
+    coarse_route: float = float("nan")  # the Hölder route at the coarse floor (NaN where it is left out)
+    coarse_floor: float = float("nan")
 
 
 # ------------------------------------------------------------------------------------------ estimates
@@ -376,8 +376,7 @@ class HolderFloor:
 
     def under_h0(self, m: int) -> float:
         """The bound at W = 0 and the tail count at its mean m p(T)."""
-        tail_up = tail_parts(self.p_tail, np.array([round(m * self.p_tail)]), m, self.tail_delta)[0][0]
-        return (self.test.upper(0.0) if self.test is not None else 0.0) + float(tail_up)
+        return (self.test.upper(0.0) if self.test is not None else 0.0) + tail_under_h0(self.p_tail, m, self.tail_delta)
 
 
 def tail_parts(p_tail: float, tail_n: np.ndarray, m: int, delta: float) -> tuple[np.ndarray, np.ndarray]:
@@ -388,6 +387,11 @@ def tail_parts(p_tail: float, tail_n: np.ndarray, m: int, delta: float) -> tuple
     n = np.minimum(tail_n, m - 1)
     q_up = np.where(tail_n >= m, 1.0, sps.beta.isf(delta, n + 1, m - n))
     return 0.5 * (p_tail + q_up), q_up
+
+
+def tail_under_h0(p_tail: float, m: int, delta: float) -> float:
+    """The tail's part of the Hölder route at the tail count's mean m p(T)."""
+    return float(tail_parts(p_tail, np.array([round(m * p_tail)]), m, delta)[0][0])
 
 
 @dataclass(frozen=True)
@@ -450,10 +454,8 @@ class BoundPlan:
         tail count at its mean (no grid: :meth:`KeptSetTest.unskewed_upper_at_zero`)."""
         shares = self._shares(floor)
         kept = (self.p >= floor) & (self.p > 0)
-        p_tail = float(self.p[~kept].sum())
-        tail_part = tail_parts(p_tail, np.array([round(self.m * p_tail)]), self.m, shares["tail"])[0][0]
         kept_part = KeptSetTest.unskewed_upper_at_zero(self.p[kept], self.m, shares["kept"]) if kept.any() else 0.0
-        return kept_part + float(tail_part)
+        return kept_part + tail_under_h0(float(self.p[~kept].sum()), self.m, shares["tail"])
 
     @cached_property
     def holder_floors(self) -> tuple[HolderFloor, ...]:
@@ -482,6 +484,7 @@ class BoundPlan:
         """The chosen floor's kept-set test."""
         return self.holder_floors[0].test if self.holder_floors else None
 
+    @cached_property
     def lumped(self) -> tuple[np.ndarray, tuple[HolderFloor, ...]]:
         """The law on the chosen floor's kept set A plus one cell for the rest of p's support, (|A| + 1,), and the
         Hölder floors restated on it: the counts a Hölder route reads (A's cells, each floor's tail total) are a
@@ -493,12 +496,11 @@ class BoundPlan:
                                    f.p_tail, f.test, f.tail_delta) for f in self.holder_floors)
         return law, floors
 
-    def holder_uppers(self, counts: np.ndarray, p: np.ndarray | None = None,
-                      floors: tuple[HolderFloor, ...] | None = None) -> np.ndarray:
-        """The Hölder route's bound (the smaller floor's), at most 1, for counts (n, V) — or, with ``p`` and
-        ``floors`` from :meth:`lumped`, for lumped counts (n, |A| + 1). It is at least :meth:`uppers` (the plug-in
-        route can only lower the bound)."""
-        p, floors = (self.p, self.holder_floors) if floors is None else (p, floors)
+    def holder_uppers(self, counts: np.ndarray, lumped: bool = False) -> np.ndarray:
+        """The Hölder route's bound (the smaller floor's), at most 1, for counts (n, V) — or, with ``lumped``, for
+        counts on :attr:`lumped`'s law (n, |A| + 1). It is at least :meth:`uppers` (the plug-in route can only
+        lower the bound)."""
+        p, floors = self.lumped if lumped else (self.p, self.holder_floors)
         return np.minimum(1.0, np.min([f.parts(counts, p, self.m)["holder"] for f in floors], axis=0))
 
     def expected_upper(self) -> float:
@@ -511,15 +513,15 @@ class BoundPlan:
 
     def routes(self, counts: np.ndarray) -> dict[str, np.ndarray]:
         """Every part of the bound for a batch of sample sets' counts (n, V) (already checked against p):
-        "holder" and "coarse" (the Hölder route at the chosen and coarse floors), "plugin" (NaN where this route
+        "holder" and "holder-coarse" (the Hölder route at the chosen and coarse floors), "plugin" (NaN where this route
         leaves it out), and the chosen floor's "kept" (the kept-set bound), "w", "q_tail_up", each (n,)."""
         m, n = self.m, len(counts)
         nan = np.full(n, np.nan)
-        parts = {"holder": nan, "coarse": nan, "plugin": nan, "kept": nan, "w": nan, "q_tail_up": nan}
+        parts = {"holder": nan, "holder-coarse": nan, "plugin": nan, "kept": nan, "w": nan, "q_tail_up": nan}
         if self.route != "holder":
             plugin = 0.5 * np.abs(counts / m - self.p).sum(1)
             parts["plugin"] = plugin + plugin_margin(m, self.shares["plugin"])
-        for name, floor in zip(("holder", "coarse"), self.holder_floors):
+        for name, floor in zip(("holder", "holder-coarse"), self.holder_floors):
             floor_parts = floor.parts(counts, self.p, m)
             parts[name] = floor_parts["holder"]
             if name == "holder":
@@ -533,20 +535,20 @@ class BoundPlan:
     @staticmethod
     def combined(parts: dict[str, np.ndarray]) -> np.ndarray:
         """The bound from :meth:`routes`' parts: the smallest route (a route left out is NaN), at most 1."""
-        return np.minimum(1.0, np.fmin(np.fmin(parts["holder"], parts["coarse"]), parts["plugin"]))
+        return np.minimum(1.0, np.fmin(np.fmin(parts["holder"], parts["holder-coarse"]), parts["plugin"]))
 
     def bound(self, counts: np.ndarray) -> TVBound:
         """The bound from one sample set's counts (V,) (already checked against p)."""
         parts = {k: float(v[0]) for k, v in self.routes(np.asarray(counts)[None]).items()}
-        candidates = {k: parts[k] for k in ("holder", "coarse", "plugin") if not np.isnan(parts[k])}
+        candidates = {k: parts[k] for k in ("holder", "holder-coarse", "plugin") if not np.isnan(parts[k])}
         binding = min(candidates, key=candidates.get)  # ties: the first, the chosen floor's Hölder route
         upper = candidates[binding]
         p_tail = self.holder_floors[0].p_tail if self.holder_floors else float("nan")
         coarse = len(self.holder_floors) > 1
         return TVBound(float(min(1.0, upper)), self.confidence, self.m, float(min(1.0, parts["holder"])),
-                       float(min(1.0, parts["plugin"])), {"coarse": "holder-coarse"}.get(binding, binding),
+                       float(min(1.0, parts["plugin"])), binding,
                        parts["kept"], parts["w"], p_tail, parts["q_tail_up"], self.chosen_floor,
-                       float(min(1.0, parts["coarse"])), self.coarse_floor if coarse else float("nan"))
+                       float(min(1.0, parts["holder-coarse"])), self.coarse_floor if coarse else float("nan"))
 
 
 def tv_upper_bound(counts, p, *, confidence: float = 0.99, floor: float | None = None,

@@ -135,8 +135,8 @@ def coverage_case(p: np.ndarray, q: np.ndarray, m: int, reps: int, rng: np.rando
     for counts in multinomial_batches(m, q, reps, rng):  # (n, V)
         parts = plan.routes(counts)
         uppers.append(plan.combined(parts))
-        plugin += int((parts["plugin"] < np.fmin(parts["holder"], parts["coarse"])).sum())
-        coarse += int((parts["coarse"] < np.fmin(parts["holder"], parts["plugin"])).sum())
+        plugin += int((parts["plugin"] < np.fmin(parts["holder"], parts["holder-coarse"])).sum())
+        coarse += int((parts["holder-coarse"] < np.fmin(parts["holder"], parts["plugin"])).sum())
         if baseline is not None:
             base += [baseline(c, p) for c in counts[:max(0, baseline_reps - len(base))]]
     uppers = np.concatenate(uppers)

@@ -39,14 +39,13 @@ def multinomial_batches(m: int, law: np.ndarray, draws: int, rng: np.random.Gene
 
 def simulated_bounds(plan: BoundPlan, draws: int, rng: np.random.Generator) -> np.ndarray:
     """The bound of ``draws`` sample sets of ``plan.m`` i.i.d. draws from ``plan.p`` itself (draws,). On a law of
-    more than :data:`SMALL_LAW_CELLS` cells, the Hölder route's bound from lumped counts (:meth:`BoundPlan.lumped`:
+    more than :data:`SMALL_LAW_CELLS` cells, the Hölder route's bound from lumped counts (:attr:`BoundPlan.lumped`:
     the same law for the counts it reads, |A| + 1 cells instead of V — 13,000 instead of 262,144 on the T = 1 joint
     law), which is at least the bound: a plan from it errs toward more samples."""
     if plan.p.size <= SMALL_LAW_CELLS or not plan.holder_floors:
         return np.concatenate([plan.uppers(counts) for counts in multinomial_batches(plan.m, plan.p, draws, rng)])
-    law, floors = plan.lumped()
-    return np.concatenate([plan.holder_uppers(counts, law, floors)
-                           for counts in multinomial_batches(plan.m, law, draws, rng)])
+    return np.concatenate([plan.holder_uppers(counts, lumped=True)
+                           for counts in multinomial_batches(plan.m, plan.lumped[0], draws, rng)])
 
 
 def smallest_passing_m(ok, start: int, precision: float, what: str) -> int:
