@@ -76,8 +76,10 @@ SCALES = {
     # first-token bound <= 0.02; joint bound reported. Controls at 4,000: at 10,000 the weakest law-changing one
     # (q_topk_unnormalised) was rejected at Holm p 2e-24, the bonus bug at K = 4 at 0 (3e-266 at the smoke's 2,000)
     "default": Scale(None, 4_000, None, 0.02, dependence_samples=10_000),
-    # full: the verdict rests on the joint bound too (<= 0.025 on the first two tokens, <= 0.01 on the first)
-    "full": Scale(None, 20_000, None, 0.01, 0.025, ("rejection_iid", "rejection_topk")),
+    # full: the verdict rests on the joint bound too (<= 0.025 on the first two tokens, <= 0.01 on the first). Its ε
+    # is the lossless rows' business; the controls keep the default's sizes, which reject each by a wide margin
+    # (at 20,000, until 7 December, they cost ≈ 40% of the full run's worker time and showed the same verdicts)
+    "full": Scale(None, 4_000, None, 0.01, 0.025, ("rejection_iid", "rejection_topk"), dependence_samples=10_000),
 }
 
 DEFAULT_PROMPT = "ROMEO:\n"
@@ -241,9 +243,9 @@ def plan_samples(pair, options: VerifyOptions) -> dict:
         law = two_token_law(pair, pair.encode(prompt), sampling)
         rng = np.random.default_rng([options.seed, len(plan)])
         m = stats.plan_bound_by_simulation(law.first, scale.tolerance, assurance=scale.assurance, rng=rng)
-        if scale.joint_tolerance:
-            m = max(m, stats.plan_bound_by_simulation(law.joint, scale.joint_tolerance,
-                                                      assurance=scale.assurance, rng=rng))
+        if scale.joint_tolerance:  # the smallest m >= the first token's that serves the joint bound too
+            m = stats.plan_bound_by_simulation(law.joint, scale.joint_tolerance, assurance=scale.assurance, rng=rng,
+                                               at_least=m)
         plan[(prompt, sampling)] = m
     return plan
 

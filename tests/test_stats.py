@@ -540,7 +540,20 @@ class TestPlanBySimulation:
         np.testing.assert_array_equal(plan.holder_uppers(lumped, lumped=True), plan.holder_uppers(counts))
         assert (plan.uppers(counts) <= plan.holder_uppers(counts)).all()
 
+    def test_at_least_is_kept_when_it_serves_and_searched_from_when_not(self, real_law):
+        """How verify asks for a joint plan beside a first-token one: an m that already passes comes back as it is
+        (no search below it); one that does not is the start of the search, which ends at the plan's own m."""
+        eps, assurance = 0.04, 0.99
+        m = stats.plan_bound_by_simulation(real_law, eps, assurance=assurance, rng=np.random.default_rng(0))
+        assert stats.plan_bound_by_simulation(real_law, eps, assurance=assurance, at_least=3 * m,
+                                              rng=np.random.default_rng(2)) == 3 * m
+        from_below = stats.plan_bound_by_simulation(real_law, eps, assurance=assurance, at_least=m // 3,
+                                                    rng=np.random.default_rng(3))
+        assert 0.9 * m <= from_below <= 1.1 * m, (m, from_below)
+
     def test_bad_arguments(self, real_law):
+        with pytest.raises(ValueError, match="at_least"):
+            stats.plan_bound_by_simulation(real_law, 0.02, at_least=0)
         with pytest.raises(ValueError, match="assurance"):
             stats.plan_bound_by_simulation(real_law, 0.02, assurance=1.0)
         with pytest.raises(ValueError, match="eps"):

@@ -29,6 +29,13 @@ def test_default_scale_plans_each_lossless_row(pair):
     assert {row.n for row in fixed if row.lossless} == {5000}
 
 
+def test_full_scale_controls_keep_the_default_sizes(pair):
+    """Full scale sharpens the lossless rows' ε; the controls, rejected by a wide margin at 4,000, stay there."""
+    full = {row.name: row.n for row in rows_to_run(pair, VerifyOptions(scale="full"), lossless=False)}
+    default = {row.name: row.n for row in rows_to_run(pair, VerifyOptions(), lossless=False)}
+    assert full == default and set(full.values()) == {4_000, 10_000}
+
+
 def test_negative_controls_need_no_plan(pair, monkeypatch):
     """The controls start in the workers before the lossless rows are planned: building them plans nothing."""
     from specdec_lab import verify

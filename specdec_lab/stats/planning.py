@@ -64,7 +64,7 @@ def smallest_passing_m(ok, start: int, precision: float, what: str) -> int:
 
 def plan_bound_by_simulation(p, eps: float, *, confidence: float = 0.99, assurance: float = 0.999,
                              draws: int | None = None, rng: np.random.Generator | None = None,
-                             precision: float | None = None) -> int:
+                             precision: float | None = None, at_least: int | None = None) -> int:
     """Samples m at which a correct sampler's :func:`tv_upper_bound` is below ε with probability at
     least ``assurance``, found by simulation from p itself.
 
@@ -74,7 +74,9 @@ def plan_bound_by_simulation(p, eps: float, *, confidence: float = 0.99, assuran
     bisection on log m, to 1% on laws of up to 16,384 cells (a first-token law) and to 5% on larger (joint) laws,
     whose sample sets are drawn lumped (:func:`simulated_bounds`). (Until 7 December the joint laws were planned
     from 200 draws as mean + z_assurance · sd, which assumed a normal upper tail: at those plans a correct
-    sampler's bound exceeded ε in 0.7–0.8% of sample sets, not 0.1%.) Unlike
+    sampler's bound exceeded ε in 0.7–0.8% of sample sets, not 0.1%.) With ``at_least``, the search starts there:
+    ``at_least`` itself when it passes (one check, usually on the first 2,000 draws) — how a run that already needs
+    m samples for another bound asks whether m also serves this one. Unlike
     :func:`plan_tv_bound_samples` (the bound at its expectation under H0), this sizes a run so that a
     correct sampler's verdict is *equivalent* except with probability about 1 − assurance.
 
@@ -83,12 +85,16 @@ def plan_bound_by_simulation(p, eps: float, *, confidence: float = 0.99, assuran
     >>> rng = np.random.default_rng(1)
     >>> bool((BoundPlan(p, m).uppers(rng.multinomial(m, p, size=2_000)) > 0.05).mean() <= 0.002)
     True
+    >>> plan_bound_by_simulation(p, 0.05, at_least=4 * m, rng=rng) == 4 * m
+    True
     """
     p = np.asarray(p, dtype=np.float64)
     if not 0 < eps < 1:
         raise ValueError(f"eps must lie in (0, 1), got {eps!r}")
     if not 0.5 < assurance < 1:
         raise ValueError(f"assurance must lie in (0.5, 1), got {assurance!r}")
+    if at_least is not None and (not isinstance(at_least, (int, np.integer)) or at_least < 1):
+        raise ValueError(f"at_least must be a positive integer, got {at_least!r}")
     rng = np.random.default_rng() if rng is None else rng
     draws = draws or PLAN_DRAWS
     precision = precision or (SMALL_LAW_PRECISION if p.size <= SMALL_LAW_CELLS else LARGE_LAW_PRECISION)
@@ -103,7 +109,7 @@ def plan_bound_by_simulation(p, eps: float, *, confidence: float = 0.99, assuran
         bounds = np.concatenate([first, simulated_bounds(plan, draws - len(first), rng)])
         return (bounds > eps).mean() <= 1 - assurance
 
-    return smallest_passing_m(ok, 1000, precision, f"the TV bound below eps = {eps}")
+    return smallest_passing_m(ok, at_least or 1000, precision, f"the TV bound below eps = {eps}")
 
 
 def plan_two_sample_bound(p, eps: float, *, confidence: float = 0.99, assurance: float = 0.999,
