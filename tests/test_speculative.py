@@ -32,7 +32,9 @@ CORRECT = {
     "K=4 T=0.7": SpeculativeConfig(k=4, sampling=SamplingConfig(temperature=0.7)),
     "K=4 top-k=20": SpeculativeConfig(k=4, sampling=SamplingConfig(top_k=20)),
     "K=4 top-p=0.9": SpeculativeConfig(k=4, sampling=SamplingConfig(top_p=0.9)),
-    "point-mass K=4": SpeculativeConfig(k=4, verifier=POINT_MASS),
+    # K = 2: the first two tokens' law under the point-mass rule is the same at any K >= 2 (drafts 3.. never
+    # reach them), at half K = 4's cost (its acceptance is ≈ 0.26: most passes end at the first draft)
+    "point-mass K=2": SpeculativeConfig(k=2, verifier=POINT_MASS),
 }
 
 
@@ -62,7 +64,7 @@ def planned(pair, prompt, sampling):
 def test_lossless_configs_reproduce_target(pair, prompt, name):
     config = CORRECT[name]
     m = planned(pair, prompt, config.sampling)
-    res, suite = run(pair, prompt, config, m, seed=hash(name) % 1000)
+    res, suite = run(pair, prompt, config, m, seed=list(CORRECT).index(name))  # a fixed seed per config
     assert suite.verdict != "rejected", f"{name}: {suite.verdict_text}"
     first = suite.tests["pearson (first token)"]
     assert stats.power_chisquare(m, DETECT_TV, first.n_bins, ALPHA) >= POWER

@@ -1,5 +1,7 @@
 """Statistics against scipy/statsmodels and Monte Carlo references; coverage and calibration."""
 
+import zlib
+
 import numpy as np
 import pytest
 import torch
@@ -295,7 +297,7 @@ class TestTVUpperBound:
     @pytest.mark.parametrize("m", [5_000, 50_000])
     def test_coverage_at_99(self, real_law, law, alternative, m):
         p = real_law if law == "real" else zipf(512)
-        rng = np.random.default_rng(hash((law, alternative, m)) % 2**32)
+        rng = np.random.default_rng(zlib.crc32(repr((law, alternative, m)).encode()))  # one fixed seed per case
         plan = stats.BoundPlan(p, m)
         tv = plan.expected_upper()  # at the edge of detection
         q = coverage.ALTERNATIVES[alternative](p, tv, plan.chosen_floor, rng)
@@ -314,7 +316,7 @@ class TestTVUpperBound:
     @pytest.mark.parametrize("route", ["holder", "plugin"])
     @pytest.mark.parametrize("alternative", ["holder", "cauchy_schwarz", "rare_spike"])
     def test_each_route_covers_at_its_own_level(self, real_law, route, alternative):
-        rng = np.random.default_rng(hash((route, alternative)) % 2**32)
+        rng = np.random.default_rng(zlib.crc32(repr((route, alternative)).encode()))
         m = 20_000
         plan = stats.BoundPlan(real_law, m, route=route)
         q = coverage.ALTERNATIVES[alternative](real_law, 0.012, stats.BoundPlan(real_law, m).chosen_floor, rng)
