@@ -89,7 +89,7 @@ def sequence_law(logits_at: LogitsAt, vocab_size: int, k: int, length: int, conf
     mass[0, 0] = 1.0
     reference = torch.ones(1, dtype=torch.float64)  # (n,) target's law of each prefix
     parent_p = None  # target law one position back, for a bonus drawn from the wrong position
-    for _ in range(length):
+    for step in range(length):
         target_logits, draft_logits = logits_at(prefixes)  # (n, V) each
         p_used = verifier.target_law(target_logits, config)
         kept, replaced = step_parts(target_logits, draft_logits, config, verifier)
@@ -102,8 +102,11 @@ def sequence_law(logits_at: LogitsAt, vocab_size: int, k: int, length: int, conf
         child[:, :, 0] += (mass[:, None, :K] * replaced[:, :, None]).sum(-1)  # rejected: new block
         child[:, :, 0] += mass[:, None, K] * bonus  # bonus token: new block
         reference = (reference[:, None] * to_probs(target_logits, config)).reshape(-1)
-        parent_p = p_used.repeat_interleave(V, dim=0)  # law at each child's parent prefix
         mass = child.reshape(-1, K + 1)
+        if step == length - 1:
+            break  # the children's prefixes and parent laws would be (n V, V): a GiB at V = 512, unused
+        if verifier.bonus_offset != 0:
+            parent_p = p_used.repeat_interleave(V, dim=0)  # law at each child's parent prefix
         prefixes = torch.cat([prefixes.repeat_interleave(V, dim=0),
                               torch.arange(V).repeat(len(prefixes))[:, None]], dim=1)
     shape = (V,) * length
