@@ -88,13 +88,12 @@ def sequence_law(logits_at: LogitsAt, vocab_size: int, k: int, length: int, conf
     mass = torch.zeros(1, K + 1, dtype=torch.float64)  # (n, K+1) mass at each block position
     mass[0, 0] = 1.0
     reference = torch.ones(1, dtype=torch.float64)  # (n,) target's law of each prefix
-    parent_p = None  # target law one position back, for a bonus drawn from the wrong position
+    parent_p = None  # target law one position back: set only for a verifier whose bonus is drawn from there
     for step in range(length):
         target_logits, draft_logits = logits_at(prefixes)  # (n, V) each
         p_used = verifier.target_law(target_logits, config)
         kept, replaced = step_parts(target_logits, draft_logits, config, verifier)
-        wrong_position = verifier.bonus_offset != 0 and parent_p is not None
-        bonus = parent_p if wrong_position else p_used  # (n, V) law of a bonus token
+        bonus = p_used if parent_p is None else parent_p  # (n, V) law of a bonus token
         if bonus_law is not None:
             bonus = bonus_law(target_logits, config)
         child = torch.zeros(len(prefixes), V, K + 1, dtype=torch.float64)  # (n, V, K+1)
