@@ -31,7 +31,7 @@ from specdec_lab import report, stats
 from specdec_lab.models import load_pair
 from specdec_lab.sampling import SamplingConfig
 from specdec_lab.stats.coverage import ALTERNATIVES, coverage_case
-from specdec_lab.suite import two_token_law
+from specdec_lab.laws import two_token_law
 from specdec_lab.verify import DEFAULT_PROMPT, MEDUSA_PROMPT, SCALES, VerifyOptions
 
 ROOT = Path(__file__).resolve().parents[1]

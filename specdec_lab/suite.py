@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from specdec_lab import stats
+from specdec_lab import stats, verdicts
+from specdec_lab.laws.target import TwoTokenLaw, two_token_law
 from specdec_lab.sampling import SamplingConfig, to_probs
 from specdec_lab.samplers.decoder import Decoder
 
@@ -60,45 +61,6 @@ def frequent_prefixes(tokens: np.ndarray, min_count: int) -> dict:
         for prefix, i in zip(uniq[counts >= min_count], first[counts >= min_count]):
             found[(t, tuple(int(x) for x in prefix))] = int(i)
     return found
-
-
-@dataclass
-class TwoTokenLaw:
-    """The target's exact law of the first two tokens after a prompt, and the target's cache after
-    each (prompt, first token): where every longer scoring forward starts."""
-
-    first: np.ndarray  # (V,) p(x1 | prompt)
-    cond: np.ndarray  # (V, V) row x1: p(x2 | prompt, x1)
-    decoder: Decoder  # V chains, chain x1 holding the prompt and x1
-
-    @property
-    def joint(self) -> np.ndarray:
-        """(V * V,) the joint law, cell x1 * V + x2."""
-        return (self.first[:, None] * self.cond).reshape(-1)
-
-
-@torch.no_grad()
-def two_token_logits(pair, prompt_ids: torch.Tensor) -> tuple[torch.Tensor, Decoder]:
-    """The target's logits (V, 2, V) float64 after the prompt (row x1, position 0: after the prompt; position 1:
-    after the prompt and x1), from one forward of V chains, and the decoder holding them."""
-    V = pair.vocab_size
-    decoder = Decoder(pair.target, V, V, pair.device)
-    decoder.prefill(prompt_ids[:-1])
-    inputs = torch.stack([prompt_ids[-1:].to(pair.device).expand(V), torch.arange(V, device=pair.device)], 1)
-    return decoder.feed(inputs), decoder
-
-
-@torch.no_grad()
-def two_token_law(pair, prompt_ids: torch.Tensor, sampling: SamplingConfig) -> TwoTokenLaw:
-    """One forward of V chains, each the prompt followed by one candidate first token."""
-    logits, decoder = two_token_logits(pair, prompt_ids)
-    p = to_probs(logits, sampling).double().cpu()  # (V, 2, V)
-    return TwoTokenLaw(p[0, 0].numpy(), p[:, 1].numpy(), decoder)
-
-
-def pair_law(pair, prompt_ids: torch.Tensor, sampling: SamplingConfig) -> np.ndarray:
-    """Exact joint law (V * V,) of the first two tokens after the prompt, cell x1 * V + x2."""
-    return two_token_law(pair, prompt_ids, sampling).joint
 
 
 def _position_scores(p: np.ndarray | torch.Tensor, x) -> dict:
@@ -217,7 +179,7 @@ class SuiteResult:
     tv_bound: stats.TVBound
     kl: float
     global_pvalue: float
-    verdict: str  # "equivalent" | "rejected" | "inconclusive"
+    verdict: str  # verdicts.EQUIVALENT | REJECTED | INCONCLUSIVE (decided by verdicts.decide)
     verdict_text: str
     impossible_tokens: int
     joint_bound: stats.TVBound | None = None  # TV of the first two tokens' joint law (L >= 2)
@@ -303,25 +265,26 @@ def _verdict(global_p: float, bound: stats.TVBound, joint: stats.TVBound | None,
     conf = f"{100 * settings.confidence:g}% confidence"
     if joint is not None:  # two bounds: each holds at the level, both at once at >= 2·level − 1 (Bonferroni)
         conf = f"{conf} each ({100 * (2 * settings.confidence - 1):g}% both at once)"
-    if global_p < settings.alpha:
-        return "rejected", (f"differs from the target law (Holm p = {global_p:.2g} < α = {settings.alpha:g}; "
-                            f"rejected by {', '.join(rejected_by)})")
-    said = f"first token TV ≤ {bound.upper:.4f} ({bound.binding})"
-    if joint is not None:
-        said += f", first two tokens TV ≤ {joint.upper:.4f} ({joint.binding})"
     need_joint = settings.joint_tolerance is not None
     if need_joint and joint is None:
         raise ValueError("joint_tolerance needs samples of at least 2 tokens")
-    within = bound.upper <= settings.tolerance and (not need_joint or joint.upper <= settings.joint_tolerance)
+    also = ((joint.upper, settings.joint_tolerance),) if need_joint else ()
+    verdict = verdicts.decide(global_p, bound.upper, alpha=settings.alpha, tolerance=settings.tolerance, also=also)
+    if verdict == verdicts.REJECTED:
+        return verdict, (f"differs from the target law (Holm p = {global_p:.2g} < α = {settings.alpha:g}; "
+                         f"rejected by {', '.join(rejected_by)})")
+    said = f"first token TV ≤ {bound.upper:.4f} ({bound.binding})"
+    if joint is not None:
+        said += f", first two tokens TV ≤ {joint.upper:.4f} ({joint.binding})"
     tolerance = f"ε = {settings.tolerance:g}" + (f" (joint: {settings.joint_tolerance:g})" if need_joint else "")
-    if within:
-        return "equivalent", f"{said} at {conf}: equivalent within {tolerance}"
-    return "inconclusive", f"not rejected, but {said} at {conf} exceeds {tolerance}; collect more samples (m = {m})"
+    if verdict == verdicts.EQUIVALENT:
+        return verdict, f"{said} at {conf}: equivalent within {tolerance}"
+    return verdict, f"not rejected, but {said} at {conf} exceeds {tolerance}; collect more samples (m = {m})"
 
 
 def _impossible(name, N, count, settings, L) -> SuiteResult:
     never = stats.ZResult(float(count), 0.0, N)
     bound = stats.TVBound(1.0, settings.confidence, N, 1.0, 1.0, "holder", 1.0, float("inf"), 0.0, 1.0, 0.0)  # TV <= 1, trivially
     return SuiteResult(name, N, {"impossible tokens": never}, float("nan"), bound, float("nan"), 0.0,
-                       "rejected", f"emitted {count} token(s) the target law gives probability 0", count,
+                       verdicts.REJECTED, f"emitted {count} token(s) the target law gives probability 0", count,
                        bound if L >= 2 else None, float("nan"), L, ("impossible tokens",))

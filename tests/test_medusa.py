@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from helpers import ALPHA, POWER, first_token_law, planned_samples
-from specdec_lab import exact, stats
+from specdec_lab import laws, stats
 from specdec_lab.sampling import SamplingConfig, make_generator, to_probs
 from specdec_lab.samplers.medusa import MedusaConfig, get_mode, heads_for, sample_medusa
 from specdec_lab.samplers.naive import NaiveConfig, sample_naive
@@ -88,10 +88,10 @@ def test_typical_rejected_and_tv_matches_exact(pair):
     deviation √(log(2/δ)/(2m)) with δ = 1e-3 (one sample moves TV̂ by at most 1/m)."""
     config = MedusaConfig(TEST_TREE, "typical")
     prompt = pair.encode("ROMEO.\n")
-    nodes, logits, _ = exact.medusa_tree_at(pair, heads_for(pair), prompt, TEST_TREE)
+    nodes, logits, _ = laws.medusa_tree_at(pair, heads_for(pair), prompt, TEST_TREE)
     p = to_probs(logits, config.sampling)
-    law = exact.typical_first_token_law(p, nodes, TEST_TREE, config.epsilon, config.alpha)
-    exact_tv = float(exact.tv(law, p[0]))
+    law = laws.typical_first_token_law(p, nodes, TEST_TREE, config.epsilon, config.alpha)
+    exact_tv = float(laws.tv(law, p[0]))
     m = 8_000
     res, suite = suite_of(pair, prompt, config, m, 1, seed=13)
     assert suite.verdict == "rejected", suite.verdict_text
@@ -104,7 +104,7 @@ def test_typical_rejected_and_tv_matches_exact(pair):
 def test_exact_lossless_tree_laws_equal_p(pair, prompt):
     """The exact first-token law at every node of a real 3x2 tree equals p there, to 1e-12."""
     tree = cartesian([3, 2])
-    nodes, logits, head_logits = exact.medusa_tree_at(pair, heads_for(pair), prompt, tree)
+    nodes, logits, head_logits = laws.medusa_tree_at(pair, heads_for(pair), prompt, tree)
     for temperature in (1.0, 0.7):
         sampling = SamplingConfig(temperature=temperature)
         p, q = to_probs(logits, sampling), to_probs(head_logits, sampling)
@@ -114,11 +114,11 @@ def test_exact_lossless_tree_laws_equal_p(pair, prompt):
             if len(kids) == 0:
                 continue
             depth = tree.depths[node]
-            topk = exact.tree_first_token_law(p[node], nodes[kids - 1], None, "rejection_topk")
-            iid = exact.tree_first_token_law(p[node], None, q[depth], "rejection_iid", len(kids))
+            topk = laws.tree_first_token_law(p[node], nodes[kids - 1], None, "rejection_topk")
+            iid = laws.tree_first_token_law(p[node], None, q[depth], "rejection_iid", len(kids))
             assert float((topk - p[node]).abs().max()) < 1e-12
             assert float((iid - p[node]).abs().max()) < 1e-12
-        tv_rows = exact.tv_typical(logits, nodes, tree, [0.09], [0.3], [temperature])
+        tv_rows = laws.tv_typical(logits, nodes, tree, [0.09], [0.3], [temperature])
         assert 0 <= tv_rows[0]["tv"] <= 1
 
 

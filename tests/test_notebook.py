@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from specdec_lab import exact, plots
+from specdec_lab import laws, plots
 from specdec_lab.experiments import chi_square, negative_controls, proof_by_numbers, scale, worked_example
 from specdec_lab.samplers.faulty import FAULTY
 from specdec_lab.samplers.speculative import SpeculativeConfig
@@ -36,8 +36,8 @@ class TestScale:
 
 
 def test_cached_logits_equal_uncached_and_are_reused(pair, prompt):
-    plain = exact.model_logits_at(pair, prompt)
-    cached = exact.cached_logits_at(pair, prompt)
+    plain = laws.model_logits_at(pair, prompt)
+    cached = laws.cached_logits_at(pair, prompt)
     empty = torch.zeros(1, 0, dtype=torch.long)
     for a, b in zip(cached(empty), plain(empty)):
         assert torch.equal(a, b)
@@ -54,10 +54,10 @@ def test_exact_rule_table_separates_lossless_from_faulty(pair, prompt):
 
 
 def test_first_token_rule_law_is_p_for_a_lossless_rule(pair, prompt):
-    p = exact.first_token_law(pair, prompt)
-    assert np.abs(exact.first_token_rule_law(pair, prompt, SpeculativeConfig()) - p).max() < 1e-12
+    p = laws.first_token_law(pair, prompt)
+    assert np.abs(laws.first_token_rule_law(pair, prompt, SpeculativeConfig()) - p).max() < 1e-12
     faulty = SpeculativeConfig(verifier=FAULTY["residual_from_p"])
-    assert 0.5 * np.abs(exact.first_token_rule_law(pair, prompt, faulty) - p).sum() > 0.05
+    assert 0.5 * np.abs(laws.first_token_rule_law(pair, prompt, faulty) - p).sum() > 0.05
 
 
 def test_same_seed_paths_differ_per_seed(pair, prompt):

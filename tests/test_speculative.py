@@ -13,7 +13,7 @@ import torch
 
 from helpers import ALPHA, DETECT_TV, POWER, first_token_law, planned_samples
 from specdec_lab import stats
-from specdec_lab.exact import step_law
+from specdec_lab.laws import step_law
 from specdec_lab.models import ModelPair
 from specdec_lab.sampling import SamplingConfig, make_generator
 from specdec_lab.samplers.faulty import FAULTY

@@ -433,7 +433,7 @@ class TestTVUpperBound:
         """The joint law of two tokens (262,144 cells, ‖p_A‖_(2/3) ≈ 30 against √|A| ≈ 50-60) is where the
         Hölder weights pay off: at m = 150,000 a correct sampler's bound has median ≈ 0.018 (the χ²
         route with Cauchy–Schwarz weights, estimated variance and δ split four ways gave 0.030)."""
-        from specdec_lab.suite import two_token_law
+        from specdec_lab.laws import two_token_law
         joint = two_token_law(pair, prompt, SamplingConfig()).joint
         m, rng = 150_000, np.random.default_rng(15)
         plan = stats.BoundPlan(joint, m)
@@ -445,7 +445,7 @@ class TestTVUpperBound:
         """On the joint law at m = 100,000 the chosen floor is 0.01/m: its kept set holds thousands of cells of
         expected count 0.01–0.04. TV 0.02 moved onto them: the chosen floor's Hölder bound is ≈ 0.08 and the
         plug-in's ≈ 0.067 (its bias on 262,144 cells); the coarse floor's tail reads the mass through its count."""
-        from specdec_lab.suite import two_token_law
+        from specdec_lab.laws import two_token_law
         joint = two_token_law(pair, prompt, SamplingConfig()).joint
         m, rng = 100_000, np.random.default_rng(16)
         plan = stats.BoundPlan(joint, m)

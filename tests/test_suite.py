@@ -69,7 +69,7 @@ def test_frequent_prefixes():
 
 @pytest.fixture(scope="module")
 def target_pairs(pair, prompt):
-    from specdec_lab.suite import pair_law
+    from specdec_lab.laws import pair_law
 
     return pair_law(pair, prompt, SamplingConfig())
 

@@ -26,9 +26,11 @@ import torch
 
 from specdec_lab.adapters.batch_server import BatchServerConfig, served
 from specdec_lab.adapters.workload_client import ClientSettings
+from specdec_lab.laws import LawBook
 from specdec_lab.models import load_pair
 from specdec_lab.suite import SuiteSettings
-from specdec_lab.workload import (DEFAULT_WORKLOAD, REFUSED, SCHEMA, Cell, CellResult, LawBook, WorkloadError,
+from specdec_lab.verdicts import REFUSED
+from specdec_lab.workload import (DEFAULT_WORKLOAD, SCHEMA, Cell, CellResult, WorkloadError,
                                   WorkloadRun, audit_workload, counter_drafting, interleaved_jobs, judge_cell,
                                   load_workload, parse_workload)
 
@@ -53,10 +55,11 @@ def pair():
     return load_pair("bundled")
 
 
-def run_planted(pair, tmp_path, leak: bool, samples: int = 300) -> dict:
-    workload = parse_workload(PLANTED)
-    with served(pair, BatchServerConfig(leak_temperature=leak)) as server:
-        run = WorkloadRun(server.base_url, tmp_path / ("leak" if leak else "lossless"), samples, speculative=False,
+def run_planted(pair, tmp_path, leak: bool, samples: int = 300, end_early: float = 0.0, workload=None) -> dict:
+    workload = workload or parse_workload(PLANTED)
+    folder = tmp_path / ("leak" if leak else f"early-{end_early:g}" if end_early else "lossless")
+    with served(pair, BatchServerConfig(leak_temperature=leak, end_early=end_early)) as server:
+        run = WorkloadRun(server.base_url, folder, samples, speculative=False,
                           client=ClientSettings(concurrency=8, progress=False), server_metrics=False)
         found = audit_workload(pair, workload, run)
         found["mixed batches"] = server.engine.mixed_batches
@@ -84,12 +87,61 @@ def test_lossless_server_not_rejected_and_resumes(pair, tmp_path):
     found = run_planted(pair, tmp_path, leak=False)
     got = verdicts(found)
     assert not any(v == "rejected" for v in got.values()), found["table"].to_string()
-    assert got["mixed-greedy"] == "equivalent"  # 300 argmax pairs: TV <= 0.0152 at 99%
+    # every answered completion counted: 300 per cell, each ending of positive probability
+    results = {r.cell.name: r for r in found["results"]}
+    assert all(r.m == 300 and r.impossible == 0 for name, r in results.items() if name != "same-refused")
+    # 300 argmax pairs: TV <= 1 − (δ_cell)^(1/300), δ_cell = 0.01 · 6/π² / 8 (8 cells, first look) = 0.0236 > ε:
+    # the greedy cell is certified simultaneously with the others only from ≈ 360 samples on (--plan)
+    greedy = results["mixed-greedy"]
+    delta = 0.01 * 6 / np.pi ** 2 / 8
+    assert greedy.tv_upper == pytest.approx(1 - delta ** (1 / 300)) and greedy.verdict == "inconclusive"
+    assert greedy.confidence == pytest.approx(1 - delta) and greedy.look == 1
     assert "0 rejected" in found["summary"]
-    # a second run on the same folder sends nothing new and reaches the same numbers
+    # a second run on the same folder sends nothing new; it is a second look: same data, levels spent further
     again = run_planted(pair, tmp_path, leak=False)
     assert again["seconds"] < found["seconds"] and again["mixed batches"] == 0
-    assert again["table"].equals(found["table"])
+    second = {r.cell.name: r for r in again["results"]}
+    for name, r in results.items():
+        assert second[name].m == r.m and second[name].endings == r.endings and second[name].look == 2
+        if r.m:
+            assert second[name].tv_upper >= r.tv_upper and second[name].confidence > r.confidence
+
+
+def test_early_ending_server_rejected_not_dropped(pair, tmp_path):
+    """The hole of issue 45: a server exact except that it ends 30% of its completions after token 1 ("stop", no
+    EOS, no stop string) was certified on its survivors. Every completion is an outcome now: rejected in every
+    sampled cell, the early endings counted in the table."""
+    w = parse_workload({"max_tokens": 3, "cells": [c for c in PLANTED["cells"] if c["name"] in
+                                                   ("mixed-t1", "same-a", "same-b", "same-text")]})
+    found = run_planted(pair, tmp_path, leak=False, samples=200, end_early=0.3, workload=w)
+    results = {r.cell.name: r for r in found["results"]}
+    assert all(r.verdict == "rejected" for r in results.values()), found["table"].to_string()
+    for name in ("mixed-t1", "same-a", "same-b"):
+        assert results[name].m == 200  # nothing dropped
+        assert 30 <= results[name].endings["EOS at 2"] <= 90, results[name].endings  # ≈ 60 early endings
+    assert "EOS at 2" in found["table"].set_index("cell").loc["mixed-t1", "endings"]
+
+
+def test_token_outcomes_count_every_ending(pair):
+    """EOS endings are outcomes of their exact probability; cut-short, unexplained stops and unmapped answers are
+    outcomes of probability 0 that reject."""
+    from specdec_lab.workload.judge import collapse_eos, token_outcome
+
+    eos = pair.tokenizer.eos_token_id
+    assert token_outcome([3, eos, 9], "length", 3, eos) == ("EOS at 2", (3, eos))  # what follows EOS is ignored
+    assert token_outcome([eos], "stop", 3, eos) == ("EOS at 1", (eos, eos))
+    assert token_outcome([3, 4], "length", 3, eos)[0] == "cut short"
+    law = collapse_eos(np.full(16, 1 / 16), 4, 1)
+    assert law.sum() == pytest.approx(1) and law[4 + 1] == pytest.approx(0.25) and law[4:8].sum() == pytest.approx(0.25)
+    cell = Cell("c", "HAMLET.")
+    frame = pd.DataFrame({"request": [0, 1, 2], "choice": [0, 0, 0], "status": [200] * 3, "error": [None] * 3,
+                          "tokens": [[5, 6, 7], [5], None], "text": ["", "", ""], "finish": ["length", "length", "length"],
+                          "draft_n": [-1] * 3, "draft_accepted": [-1] * 3, "attempts": [1] * 3, "seed": [0, 1, 2]})
+    w = parse_workload({"cells": [{"name": "c", "prompt": "HAMLET."}]})
+    result = judge_cell(cell, frame, LawBook(pair, "llama.cpp"), w, SuiteSettings(n_resamples=99), False,
+                        np.random.default_rng(0))
+    assert result.m == 3 and result.endings == {"2 tokens": 1, "cut short": 1, "unmapped": 1}
+    assert result.pvalue == 0 and result.tv_upper == 1 and "probability 0" in result.rejected_by
 
 
 # ------------------------------------------------------------------------------------------ exact laws
@@ -250,7 +302,7 @@ def test_client_errors_are_refusals_server_errors_are_failures(pair):
 
 
 def test_counter_drafting_claims_nothing_when_the_counters_are_not_this_runs():
-    cells = [CellResult(Cell("a", "x"), 10, 0, "", None, 10, 0, 0)]
+    cells = [CellResult(Cell("a", "x"), 10, 0, "", None, 10)]
     counter_drafting(cells, {"a": 10}, {"verify_steps": 11, "accepted_first": 3}, 2, "uncapped")  # 11 steps, 10 seqs
     assert cells[0].drafting.share is None and "not this run's" in cells[0].drafting.reason
     counter_drafting(cells, {"a": 10}, {"verify_steps": 10, "accepted_first": 3}, 3, "uncapped")  # outside L = 2
@@ -276,10 +328,13 @@ def test_llama_server_default_workload_end_to_end(tmp_path):
     done = subprocess.run([sys.executable, "-m", "specdec_lab.cli", "audit", "workload", "--serve-bundled",
                            "llama-server", "--samples", "40", "--out", str(out), "--quiet"],
                           capture_output=True, text=True, cwd=ROOT, timeout=900)
-    assert done.returncode in (0, 1), done.stderr[-3000:]
-    assert "16 cells:" in done.stdout and "0 of" in done.stdout.splitlines()[-1], done.stdout[-3000:]
+    # 40 samples a cell certify nothing: inconclusive cells exit 3 (never 0), a rejection or a failure 1
+    record = json.loads((out / "results.json").read_text())
+    assert done.returncode == record["exit_status"] != 0, done.stderr[-3000:]
+    assert len(record["rows"]) == 16 and all(row["verdict"] != "equivalent" for row in record["rows"])
+    assert "16 cells:" in done.stdout and "; 0 of" in (out / "summary.txt").read_text(), done.stdout[-3000:]
     table = pd.read_csv(out / "verdicts.csv")
-    single = table[table["bounded"] == "tokens 1–2 (joint)"]
+    single = table[table["bounded"] == "tokens 1–2 + ending"]
     single = single[~single["settings"].str.contains("n=4")]
     assert (single["drafted share"] == "1.000 (token 2)").all(), table.to_string()
     pair = load_pair("bundled")

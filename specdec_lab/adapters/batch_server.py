@@ -14,7 +14,9 @@ With ``leak_temperature=True`` it is exact *except under one production conditio
 batch's first row is applied to every row of the batch (the shape of vLLM #9441/#14301 and TensorRT-LLM
 #19390: one request's sampling parameter applied to another row). A request batched only with requests of its
 own temperature is untouched, so the audit must reject exactly the cells that share batches with other
-temperatures, and no others.
+temperatures, and no others. With ``end_early=s`` it ends a share s of its completions right after token 1 with
+``finish_reason: "stop"`` — no EOS, no stop string: a law the exact model cannot produce, which the audit must
+reject (every outcome counted) rather than drop.
 
 Logits come from one target forward per distinct context (cached), in fp64 after the forward.
 """
@@ -41,11 +43,12 @@ from specdec_lab.sampling import ChainConfig, SamplingConfig, chain_probs, make_
 
 @dataclass(frozen=True)
 class BatchServerConfig:
-    """leak_temperature: the planted fault (see the module docstring); window: seconds the batcher waits for
+    """leak_temperature, end_early: the planted faults (see the module docstring); window: seconds the batcher waits for
     more requests after the first; max_rows: rows (request × choice) per batch; cache_size: contexts whose
     logits are kept."""
 
     leak_temperature: bool = False
+    end_early: float = 0.0  # planted: this share of completions ends after token 1 with finish "stop" (no EOS, no stop)
     window: float = 0.005
     max_rows: int = 32
     cache_size: int = 20_000
@@ -137,6 +140,9 @@ class BatchEngine:
                 r.generated.append(token)
                 if r.stop and any(s in self.pair.decode(r.generated) for s in r.stop):
                     r.finish = "stop"
+                elif (self.config.end_early and len(r.generated) == 1
+                      and float(torch.rand(1, generator=r.generator, dtype=torch.float64)) < self.config.end_early):
+                    r.finish = "stop"  # the planted early ending
         for r in rows:
             r.finish = r.finish or "length"
 

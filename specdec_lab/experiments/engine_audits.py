@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from specdec_lab.exact import first_token_law  # noqa: F401 (for the notebook)
+from specdec_lab.laws import first_token_law  # noqa: F401 (for the notebook)
 from specdec_lab.experiments.scale import default_device, setup, work_dir  # noqa: F401 (for the notebook)
 from specdec_lab.plots import token_strings  # noqa: F401 (for the notebook)
 

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from specdec_lab import exact, plots
+from specdec_lab import laws, plots
 from specdec_lab.experiments.chi_square import check_sampler, summary  # noqa: F401 (for the notebook)
 from specdec_lab.experiments.proof_by_numbers import PROMPTS, SETTINGS  # noqa: F401 (for the notebook)
 from specdec_lab.experiments.scale import default_device, setup  # noqa: F401 (for the notebook)
@@ -28,7 +28,7 @@ def medusa_contexts(pair, prompts: list[str], chains: int, positions: int, seed:
 
 def tree_labels(pair, heads, prompt_ids: torch.Tensor, tree) -> list[str]:
     """Node labels for :func:`specdec_lab.plots.tree`: the root token and each node's top-k candidate."""
-    nodes, _, _ = exact.medusa_tree_at(pair, heads, prompt_ids, tree)
+    nodes, _, _ = laws.medusa_tree_at(pair, heads, prompt_ids, tree)
     return [plots.token_label(pair.decode(prompt_ids[-1:].tolist()))] + [plots.token_label(pair.decode([t]))
                                                                        for t in nodes.tolist()]
 
@@ -43,12 +43,12 @@ def medusa_exact_table(pair, heads, contexts, tree, settings: dict) -> pd.DataFr
     errors = {(mode, label): 0.0 for mode in ("rejection_topk", "rejection_iid") for label in settings}
     acceptance = {label: [] for label in settings}
     for context in contexts:
-        nodes, logits, head_logits = exact.medusa_tree_at(pair, heads, context, tree)
+        nodes, logits, head_logits = laws.medusa_tree_at(pair, heads, context, tree)
         for label, config in settings.items():
             p = to_probs(logits[0], config)
             q = to_probs(head_logits[0], config)
-            topk = exact.tree_first_token_law(p, nodes[root_children - 1], None, "rejection_topk")
-            iid = exact.tree_first_token_law(p, None, q, "rejection_iid", len(root_children))
+            topk = laws.tree_first_token_law(p, nodes[root_children - 1], None, "rejection_topk")
+            iid = laws.tree_first_token_law(p, None, q, "rejection_iid", len(root_children))
             errors["rejection_topk", label] = max(errors["rejection_topk", label], float((topk - p).abs().max()))
             errors["rejection_iid", label] = max(errors["rejection_iid", label], float((iid - p).abs().max()))
             acceptance[label].append(float(torch.minimum(p, q).sum()))
@@ -59,11 +59,11 @@ def medusa_exact_table(pair, heads, contexts, tree, settings: dict) -> pd.DataFr
 
 def typical_tv_grid(pair, heads, contexts, tree, epsilons, alphas, temperatures) -> pd.DataFrame:
     """Mean over contexts of the exact TV between Medusa typical acceptance's first-token law and p,
-    on a grid of ε, α and temperature (:func:`specdec_lab.exact.tv_typical`)."""
+    on a grid of ε, α and temperature (:func:`specdec_lab.laws.tv_typical`)."""
     rows = []
     for context in contexts:
-        nodes, logits, _ = exact.medusa_tree_at(pair, heads, context, tree)
-        rows += exact.tv_typical(logits, nodes, tree, epsilons, alphas, temperatures)
+        nodes, logits, _ = laws.medusa_tree_at(pair, heads, context, tree)
+        rows += laws.tv_typical(logits, nodes, tree, epsilons, alphas, temperatures)
     return pd.DataFrame(rows).groupby(["temperature", "epsilon", "alpha"], as_index=False)["tv"].mean()
 
 

@@ -10,8 +10,8 @@ import pandas as pd
 import torch
 from scipy import stats as sps
 
-from specdec_lab import exact, stats
-from specdec_lab.exact import cached_logits_at, first_token_law, first_token_rule_law
+from specdec_lab import laws, stats
+from specdec_lab.laws import cached_logits_at, first_token_law, first_token_rule_law
 from specdec_lab.experiments.chi_square import Check, check_sampler, sample_sizes, summary  # noqa: F401 (for the notebook)
 from specdec_lab.experiments.proof_by_numbers import exact_rule_table
 from specdec_lab.experiments.scale import default_device, setup, work_dir  # noqa: F401 (for the notebook)
@@ -178,7 +178,7 @@ def planted_pair_laws(pair, prompt_ids: torch.Tensor, family: PlantedFamily, str
     ``strength``, the target's, and their TV — by enumeration, no sampling."""
     config = SamplingConfig(temperature=family.temperature)
     verifier, bonus = family.rule(strength)
-    law = exact.sequence_law(cached_logits_at(pair, prompt_ids), pair.vocab_size, family.k, 2, config, verifier,
+    law = laws.sequence_law(cached_logits_at(pair, prompt_ids), pair.vocab_size, family.k, 2, config, verifier,
                              bonus_law=bonus)
     return law.law.reshape(-1).numpy(), law.target.reshape(-1).numpy(), law.tv
 
@@ -239,7 +239,8 @@ def size_meta_test(pair, prompt_ids: torch.Tensor, m: int, reps: int, settings: 
     summary has the rejection rate at ``settings.alpha``, its binomial upper limit and the KS
     p-value of each single test's p-values against Uniform(0, 1) (Holm-combined entries are
     conservative by design and left out)."""
-    from specdec_lab.suite import draw_pairs, pair_law, scores_from_law
+    from specdec_lab.laws import pair_law
+    from specdec_lab.suite import draw_pairs, scores_from_law
 
     p = pair_law(pair, prompt_ids, SamplingConfig())
     rng = np.random.default_rng(seed)
@@ -260,14 +261,14 @@ def size_meta_test(pair, prompt_ids: torch.Tensor, m: int, reps: int, settings: 
 
 def bug_anatomy(pair, prompt_ids: torch.Tensor) -> list[dict]:
     """Per negative control, where its first verification step puts the mass after the prompt, at the settings
-    the fault needs (:func:`specdec_lab.exact.step_parts`): the accepted-draft part, the replacement part, the
+    the fault needs (:func:`specdec_lab.laws.step_parts`): the accepted-draft part, the replacement part, the
     true target law p at those settings, and the exact TV of their sum from p.
 
     The bonus fault's first step is correct (its TV there is ~0); its anatomy is the bonus itself: with K = 1 and
     the draft accepted, the token after it is drawn from p at the draft's own position (the first token's law)
     instead of p at the next one. Its panel shows that bonus law against p(· | most likely first token) and
-    the exact TV of the first two tokens (:func:`specdec_lab.exact.sequence_law`)."""
-    target_logits, draft_logits = exact.first_token_logits(pair, prompt_ids)
+    the exact TV of the first two tokens (:func:`specdec_lab.laws.sequence_law`)."""
+    target_logits, draft_logits = laws.first_token_logits(pair, prompt_ids)
     parts = []
     for name, verifier in FAULTY.items():
         needs = dict(verifier.needs or {})
@@ -275,17 +276,17 @@ def bug_anatomy(pair, prompt_ids: torch.Tensor) -> list[dict]:
         config = SamplingConfig(**needs)
         p = to_probs(target_logits, config)
         if verifier.bonus_offset != 0:
-            law = exact.sequence_law(cached_logits_at(pair, prompt_ids), pair.vocab_size, k, 2, config, verifier)
+            law = laws.sequence_law(cached_logits_at(pair, prompt_ids), pair.vocab_size, k, 2, config, verifier)
             first = int(torch.argmax(p))
-            next_logits, _ = exact.model_logits_at(pair, prompt_ids)(torch.tensor([[first]]))
+            next_logits, _ = laws.model_logits_at(pair, prompt_ids)(torch.tensor([[first]]))
             p_next = to_probs(next_logits[0], config)
             parts.append({"name": f"{name} (token 2 after an accepted '{pair.decode([first])}', K = 1)",
                           "p": p_next.numpy(), "kept": p.numpy(), "replaced": np.zeros_like(p.numpy()),
                           "labels": ("bonus drawn from p at position K", ""), "tv": law.tv, "settings": needs})
             continue
-        kept, replaced = exact.step_parts(target_logits, draft_logits, config, verifier)
+        kept, replaced = laws.step_parts(target_logits, draft_logits, config, verifier)
         parts.append({"name": name, "p": p.numpy(), "kept": kept.numpy(), "replaced": replaced.numpy(),
-                      "tv": float(exact.tv(kept + replaced, p)), "settings": needs})
+                      "tv": float(laws.tv(kept + replaced, p)), "settings": needs})
     return parts
 
 

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from specdec_lab import exact, stats
-from specdec_lab.exact import cached_logits_at, first_token_law, first_token_logits  # noqa: F401 (for the notebook)
+from specdec_lab import laws, stats
+from specdec_lab.laws import cached_logits_at, first_token_law, first_token_logits  # noqa: F401 (for the notebook)
 from specdec_lab.experiments.scale import default_device, setup  # noqa: F401 (for the notebook)
 from specdec_lab.plots import token_strings  # noqa: F401 (for the notebook)
 from specdec_lab.sampling import SamplingConfig, make_generator, to_probs
@@ -52,11 +52,11 @@ def law_errors(target_logits: torch.Tensor, draft_logits: torch.Tensor, settings
     for verifier in verifiers:
         for label, config in settings.items():
             p = to_probs(target_logits, config)
-            law = exact.step_law(target_logits, draft_logits, config, verifier)  # (n, V)
+            law = laws.step_law(target_logits, draft_logits, config, verifier)  # (n, V)
             q = verifier.draft_law(draft_logits, config).q_sample
             rows.append({"rule": verifier.name, "settings": label, "prefixes": len(p),
                          "max |law - p|": float((law - p).abs().max()),
-                         "mean TV(q, p)": float(exact.tv(q, p).mean()),
+                         "mean TV(q, p)": float(laws.tv(q, p).mean()),
                          "mean acceptance": float(torch.minimum(p, q).sum(-1).mean())})
     return pd.DataFrame(rows)
 
@@ -73,7 +73,7 @@ def exact_rule_table(pair, prompt_ids: torch.Tensor, runs: list[tuple[str, objec
     for name, sampler, lossless in runs:
         if not isinstance(sampler, SpeculativeConfig):
             continue  # incl. overlapping streams: its fault is dependence between draws, which no one-draw law shows
-        law = exact.sequence_law(logits_at, pair.vocab_size, sampler.k, length, sampler.sampling,
+        law = laws.sequence_law(logits_at, pair.vocab_size, sampler.k, length, sampler.sampling,
                                  sampler.verifier)
         rows.append({"rule": name, "lossless": lossless, "k": sampler.k, **sampler.sampling.describe(),
                      "exact TV": law.tv, "max |law - p|": law.max_abs_error,
@@ -205,7 +205,7 @@ def block_argument(pair, prompt_ids: torch.Tensor, config: SamplingConfig = Samp
     Wrong routes: **drafts after a rejection kept** (the second draft was proposed after the *rejected* token x
     and verified against p(· | x)); its law given t is Σ_x w(x) p(· | x) with w ∝ (q − p)+ over x, whatever t
     is; **bonus from position K** (the logits one position early): p(· | prompt) instead of p(· | t).
-    The exact joint TVs come from :func:`specdec_lab.exact.sequence_law` (the library's enumeration of the block,
+    The exact joint TVs come from :func:`specdec_lab.laws.sequence_law` (the library's enumeration of the block,
     K = 1 and K = 2) and, for the kept-drafts fault, from the same decomposition computed here.
     """
     from specdec_lab.samplers.faulty import FAULTY
@@ -215,10 +215,10 @@ def block_argument(pair, prompt_ids: torch.Tensor, config: SamplingConfig = Samp
     V = pair.vocab_size
     t_logits, d_logits = logits_at(torch.zeros(1, 0, dtype=torch.long))  # (1, V) each
     p1 = to_probs(t_logits[0], config)
-    kept1, replaced1 = exact.step_parts(t_logits[0], d_logits[0], config, LEVIATHAN)  # (V,)
+    kept1, replaced1 = laws.step_parts(t_logits[0], d_logits[0], config, LEVIATHAN)  # (V,)
     t2_logits, d2_logits = logits_at(torch.arange(V)[:, None])  # (V, V): the laws after each first token
     p2 = to_probs(t2_logits, config)  # (V, V) p(· | x)
-    step2 = exact.step_law(t2_logits, d2_logits, config, LEVIATHAN)  # (V, V) one verification step at prefix x
+    step2 = laws.step_law(t2_logits, d2_logits, config, LEVIATHAN)  # (V, V) one verification step at prefix x
     q1 = to_probs(d_logits[0], config)
     w = torch.clamp(q1 - p1, min=0.0)
     kept_drafts_law = (w[:, None] * p2).sum(0) / w.sum()  # token 2 after a rejection when x's drafts are kept
@@ -231,9 +231,9 @@ def block_argument(pair, prompt_ids: torch.Tensor, config: SamplingConfig = Samp
               "new block after a rejection": step2[t].numpy(),
               "✗ drafts after a rejection kept": kept_drafts_law.numpy(),
               "✗ bonus from p at position K": p1.numpy()}
-    k1 = exact.sequence_law(logits_at, V, 1, 2, config, LEVIATHAN)
-    k2 = exact.sequence_law(logits_at, V, 2, 2, config, LEVIATHAN)
-    bonus = exact.sequence_law(logits_at, V, 1, 2, config, FAULTY["bonus_wrong_position"])
+    k1 = laws.sequence_law(logits_at, V, 1, 2, config, LEVIATHAN)
+    k2 = laws.sequence_law(logits_at, V, 2, 2, config, LEVIATHAN)
+    bonus = laws.sequence_law(logits_at, V, 1, 2, config, FAULTY["bonus_wrong_position"])
     tv = pd.DataFrame([
         {"rule": "Leviathan, K = 1 (bonus at token 2)", "exact TV": k1.tv, "max |law − p|": k1.max_abs_error},
         {"rule": "Leviathan, K = 2 (second draft at token 2)", "exact TV": k2.tv, "max |law − p|": k2.max_abs_error},

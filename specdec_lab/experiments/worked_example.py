@@ -17,7 +17,7 @@ import pandas as pd
 import torch
 from scipy import stats as scipy_stats
 
-from specdec_lab import exact, plots
+from specdec_lab import laws, plots
 from specdec_lab.experiments.scale import setup  # noqa: F401 (for the notebook)
 from specdec_lab.sampling import SamplingConfig
 from specdec_lab.samplers.faulty import FAULTY
@@ -40,11 +40,11 @@ def _laws(p, q) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def library_parts(p, q, rule: str = "leviathan") -> tuple[np.ndarray, np.ndarray]:
-    """(kept, replaced) of one step by the library's rule ``rule`` (:func:`specdec_lab.exact.step_parts`):
+    """(kept, replaced) of one step by the library's rule ``rule`` (:func:`specdec_lab.laws.step_parts`):
     kept(x) = q(x)·acc(x), the mass of emitting x as the accepted draft; replaced(x) = ρ·r(x)."""
     p, q = _laws(p, q)
     verifier = LEVIATHAN if rule == "leviathan" else FAULTY[rule]
-    kept, replaced = exact.step_parts(torch.log(p), torch.log(q), SamplingConfig(), verifier)  # log 0 = -inf: fine
+    kept, replaced = laws.step_parts(torch.log(p), torch.log(q), SamplingConfig(), verifier)  # log 0 = -inf: fine
     return kept.numpy(), replaced.numpy()
 
 

@@ -23,6 +23,7 @@ from specdec_lab.stats.bounds import (FLOOR_MULTIPLES, SKEW_CAP, TV_ROUTES, Boun
                                       holder_statistic, holder_statistics, kl_miller_madow, plugin_margin,
                                       poisson_quadratic_k3, skew_k3_coefficients, skew_lift, tv_plugin,
                                       tv_upper_bound, two_sample_tv_upper)
+from specdec_lab.stats.coupling import clopper_pearson_upper, coupling_pairs_needed, coupling_tv_upper
 from specdec_lab.stats.identity import (adk_identity, chisquare_identity, closeness_two_sample,
                                         conditional_tests, dirichlet_eprocess, holm, logprob_ztest,
                                         merge_tail, pit_ks_test, randomized_pit, uniformity_test)
@@ -41,5 +42,5 @@ __all__ = [
     "pit_ks_test", "plan_bound_by_simulation", "poisson_quadratic_k3", "plan_sample_size", "plan_tv_bound_samples",
     "plan_two_sample_bound",
     "power_chisquare", "randomized_pit", "skew_k3_coefficients", "skew_lift", "tv_plugin", "tv_upper_bound", "two_sample_tv_upper",
-    "uniformity_test",
+    "uniformity_test", "clopper_pearson_upper", "coupling_pairs_needed", "coupling_tv_upper",
 ]

@@ -23,6 +23,10 @@ block, bonus tokens after K accepts), using the same rule pieces the sampler run
 
 from __future__ import annotations
 
+__all__ = ["LogitsAt", "SequenceLaw", "cached_logits_at", "first_token_law", "first_token_logits", "first_token_rule_law",
+           "markov_logits_at", "medusa_first_token_law", "medusa_tree_at", "model_logits_at", "sequence_law",
+           "step_law", "step_parts", "tree_first_token_law", "tv", "tv_typical", "typical_first_token_law"]
+
 from dataclasses import dataclass
 from typing import Callable
 

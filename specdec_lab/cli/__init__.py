@@ -1,4 +1,8 @@
-"""``specdec-lab`` command line: ``verify`` (the main job), ``collect``, ``calibrate`` and ``audit``."""
+"""``specdec-lab`` command line: ``verify`` (the main job), ``collect``, ``calibrate`` and ``audit``.
+
+Exit status, the same for every command (:mod:`specdec_lab.verdicts`): 0 certified, 1 rejected or failed (a
+wrong call, or an engine that failed), 3 inconclusive, 2 usage and input errors.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +15,11 @@ import pandas as pd
 from specdec_lab.adapters.endpoint import EndpointError
 from specdec_lab.adapters.vllm import VllmError
 from specdec_lab.models import add_pair_arguments, pair_from_args
+from specdec_lab.verdicts import EXIT_REJECTED, EXIT_USAGE
 
 
 def cmd_verify(args) -> int:
+    from specdec_lab.report.verify_report import overall_line
     from specdec_lab.verify import VerifyOptions, run_verify
 
     options = VerifyOptions(scale=args.scale, k=args.k, temperature=args.temperature,
@@ -33,10 +39,9 @@ def cmd_verify(args) -> int:
         print()
         for _, row in result["summary"].iterrows():
             print(f"  {row['sampler']}: {row['in words']}")
-    print(f"\nreport: {result['folder'] / 'report.md'}")
-    print("PASS: every lossless sampler equivalent, every negative control rejected" if result["passed"]
-          else "FAIL: some verdict is not the expected one (see the 'correct call' column)")
-    return 0 if result["passed"] else 1
+    print(f"\nreport: {result['folder'] / 'report.md'}\nresults: {result['folder'] / 'results.json'}")
+    print(overall_line(result["status"]))
+    return result["status"]
 
 
 def cmd_collect(args) -> int:
@@ -177,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--plot", type=Path, help="write a seaborn figure of the speedup curve here")
     k.set_defaults(func=cmd_calibrate)
 
-    from specdec_lab.audit import add_audit_parser
+    from specdec_lab.cli.audit import add_audit_parser
 
     add_audit_parser(sub)  # specdec-lab audit hf|endpoint
 
@@ -186,11 +191,8 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except ValueError as exc:  # bad settings and load errors: a clear message, no traceback
         print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except (EndpointError, VllmError) as exc:  # the engine refused or crashed: its own message, no traceback
+        return EXIT_USAGE
+    except (EndpointError, VllmError) as exc:  # the engine refused or crashed: a finding, its own message
         print(f"engine error: {exc}", file=sys.stderr)
-        return 3
+        return EXIT_REJECTED
 
-
-if __name__ == "__main__":
-    sys.exit(main())

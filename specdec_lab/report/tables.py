@@ -1,13 +1,12 @@
-"""Tables and seaborn figures for a verification run (used by the CLI and the notebooks)."""
+"""Tables of a verification run: per test, per sampler, and the rows as :class:`~specdec_lab.verdicts.Verdict`."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from specdec_lab import plots
+from specdec_lab import verdicts
+from specdec_lab.sampling import SamplingConfig
 
 
 def verdict_table(entries: list[dict]) -> pd.DataFrame:
@@ -15,7 +14,7 @@ def verdict_table(entries: list[dict]) -> pd.DataFrame:
     rows = []
     for entry in entries:
         for row in entry["suite"].rows():
-            rows.append({"expected": "lossless" if entry["lossless"] else "negative control",
+            rows.append({"expected": _expected(entry),
                          "exact_tv": entry["exact_tv"], **row})
     return pd.DataFrame(rows)
 
@@ -31,7 +30,7 @@ def summary_table(entries: list[dict]) -> pd.DataFrame:
         stats = e["stats"] or {}
         joint = s.joint_bound
         rows.append({
-            "sampler": s.name, "expected": "lossless" if e["lossless"] else "negative control",
+            "sampler": s.name, "expected": _expected(e),
             "m": s.m, "L": s.length, "exact TV (2 tokens)": e["exact_tv"], "TV plug-in": s.tv_plugin,
             "TV upper 99%": s.tv_bound.upper, "route": s.tv_bound.binding,
             "TV upper 99% (2 tokens)": np.nan if joint is None else joint.upper,
@@ -40,13 +39,50 @@ def summary_table(entries: list[dict]) -> pd.DataFrame:
             "acceptance": stats.get("acceptance", np.nan),
             "tokens/pass": stats.get("tokens_per_target_pass", np.nan),
             "theory tokens/pass": stats.get("theory_tokens_per_target_pass", np.nan),
-            "verdict": s.verdict, "correct call": (s.verdict == "equivalent") == e["lossless"]
-            and (e["lossless"] or s.verdict == "rejected"),
+            "verdict": s.verdict, "correct call": verdicts.correct_call(s.verdict, _expected(e)),
             "in words": s.verdict_text,
             "window": e.get("uncovered", ""),
             "seconds": e.get("seconds", np.nan),  # this row's wall time: collect, score, suite
         })
     return pd.DataFrame(rows)
+
+
+def settings_label(sampling: SamplingConfig) -> str:
+    """Short text for a sampling configuration.
+
+    >>> settings_label(SamplingConfig(temperature=0.7, top_p=0.9))
+    'T=0.7 top-p=0.9'
+    """
+    parts = [f"T={sampling.temperature:g}"]
+    if sampling.top_k is not None:
+        parts.append(f"top-k={sampling.top_k}")
+    if sampling.top_p < 1.0:
+        parts.append(f"top-p={sampling.top_p:g}")
+    return " ".join(parts)
+
+
+def _expected(entry: dict) -> str:
+    return verdicts.LOSSLESS if entry["lossless"] else verdicts.NEGATIVE_CONTROL
+
+
+# summary column -> results.json field, for the columns a verify row's record carries besides the verdict's own
+VERIFY_DETAILS = {"L": "L", "exact TV (2 tokens)": "exact_tv_2_tokens", "TV plug-in": "tv_plugin",
+                  "route": "route", "TV upper 99% (2 tokens)": "tv_upper_2_tokens",
+                  "route (2 tokens)": "route_2_tokens", "independence p": "independence_p", "KL (MM)": "kl_mm",
+                  "acceptance": "acceptance", "tokens/pass": "tokens_per_pass",
+                  "theory tokens/pass": "theory_tokens_per_pass", "window": "window", "seconds": "seconds"}
+
+
+def verdict_rows(summary: pd.DataFrame, tolerance: float, details: dict | None = None) -> list[verdicts.Verdict]:
+    """The rows of a :func:`summary_table` as verdicts (``TV upper 99%``, the first-token bound, is the row's
+    ``tv_upper``); ``details`` (sampler → dict) adds per-row fields such as settings and seed."""
+    rows = []
+    for _, r in summary.iterrows():
+        extra = {field: r[column] for column, field in VERIFY_DETAILS.items() if column in r}
+        extra.update((details or {}).get(r["sampler"], {}))
+        rows.append(verdicts.Verdict(r["sampler"], r["verdict"], int(r["m"]), float(r["TV upper 99%"]),
+                                     float(r["Holm p"]), tolerance, r["expected"], r["in words"], extra))
+    return rows
 
 
 def to_markdown(frame: pd.DataFrame, floatfmt: str = ".4g") -> str:
@@ -59,31 +95,3 @@ def to_markdown(frame: pd.DataFrame, floatfmt: str = ".4g") -> str:
     rule = "|" + "|".join("---" for _ in frame.columns) + "|"
     body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
     return "\n".join([header, rule, *body])
-
-
-def plot_tv_bounds(summary: pd.DataFrame, tolerance: float, path: Path) -> None:
-    plots.save(plots.tv_bounds(summary, tolerance), path)
-
-
-def plot_first_token(laws: dict[str, np.ndarray], exact: np.ndarray, path: Path, top: int = 25, tokens=None,
-                     samples: dict[str, int] | int | None = None) -> None:
-    """Empirical first-token frequencies of several samplers next to the exact target law, token strings on
-    the axis and the ±2 sd band of each sample size (:func:`specdec_lab.plots.first_token`)."""
-    plots.save(plots.first_token(laws, exact, top, tokens=tokens, samples=samples), path)
-
-
-def plot_pit(pits: dict[str, np.ndarray], path: Path, bins: int = 20, verdicts: dict[str, str] | None = None,
-             selection: str | None = None) -> None:
-    """Randomized PIT histograms, panel titles coloured by verdict (flat is necessary, not sufficient)."""
-    plots.save(plots.pit(pits, bins, verdicts=verdicts, selection=selection), path, dpi=100)
-
-
-def plot_speedup(table: pd.DataFrame, path: Path | str | None = None, title: str = ""):
-    """:func:`specdec_lab.plots.speedup` of a :func:`specdec_lab.theory.speedup_table`.
-
-    Returns the figure; with ``path`` it is also written there and closed.
-    """
-    fig = plots.speedup(table, title=title)
-    if path is not None:
-        plots.save(fig, path)
-    return fig
