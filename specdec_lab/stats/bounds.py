@@ -34,13 +34,13 @@ KEPT_SHARE, TAIL_SHARE, COARSE_SHARE, PLUGIN_SHARE = 0.8, 0.05, 0.05, 0.1
 # share of δ goes to the kept-set test)
 FLOOR_MULTIPLES = (0, 0.01, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20)
 # The coarse floor, c / m: cells whose expected count under p is below ½ go to its Clopper–Pearson tail. The chosen
-# floor (the one that minimises the bound under H0) is often far lower on large supports (0.01/m on the two-token
-# laws), where mass moved onto cells of expected count ≈ 0.01–0.04 gives Hölder a large D for a small TV; the coarse
+# floor (the one that minimises the bound under H0) is often far lower on large supports (c = 0.01 or 0.1), where
+# mass moved onto cells of expected count far below one gives Hölder a large D for a small TV; the coarse
 # floor's tail reads that mass as ½ (p(T) + q(T)). Its share goes to the chosen floor's kept-set test when no cell
 # with p > 0 lies in [chosen floor, coarse floor) (the two floors would keep the same cells).
 COARSE_FLOOR_MULTIPLE = 0.5
 # A floor c/m with more than this many cells of p >= c/m (p = 0 included at c = 0) is not a candidate (unless none
-# is left): building its test costs seconds (deviation_shapes is (n_shapes, |A|)), for the few cells below c = 0.01
+# is left): its test's cost grows with |A| (deviation_shapes is (n_shapes, |A|)), for the few cells below c = 0.01
 MAX_KEPT_CELLS = 65_536
 
 
@@ -319,10 +319,10 @@ def tv_upper_bound(counts, p, *, confidence: float = 0.99, floor: float | None =
     on the tail count, which is exact.
 
     **Two floors.** The chosen floor minimises the bound expected under H0, which on large supports puts it far
-    below 1/m (0.01/m on the two-token laws: the kept set holds thousands of cells whose expected count is
-    ≈ 0.01–0.04). Mass moved onto those cells gives Hölder a large D for a small TV (their weights p^(−2/3) are
-    the largest), and the plug-in route pays its own upward bias on such a support (E TV̂ ≈ 0.045 on the T = 1
-    two-token law at m = 103,070). So the Hölder route runs a second time at the coarse floor ½/m, whose tail
+    below 1/m (the kept set then holds many cells whose expected count is far below one). Mass moved onto those
+    cells gives Hölder a large D for a small TV (their weights p^(−2/3) are the largest), and the plug-in route
+    pays its own upward bias on such a support (:func:`~specdec_lab.stats.plugin.expected_tv_plugin`; both
+    measured on verify's laws in docs/method.md, "Library internals"). So the Hölder route runs a second time at the coarse floor ½/m, whose tail
     reads that mass through its count: ½ (p(T) + q(T)). The two floors are fixed by p and m alone.
 
     **Plug-in route** (distribution-free, exact). With A* = {q > p}, TV = q(A*) − p(A*), and the plug-in
@@ -334,9 +334,9 @@ def tv_upper_bound(counts, p, *, confidence: float = 0.99, floor: float | None =
     plug-in.
 
     **Validity.** The tail and plug-in parts hold in finite samples. The kept-set test rests on
-    (i) a one-term Cornish–Fisher expansion of W's lower tail, with the skewness bounded below (the normal
-    quantile alone sits ≈ 1 sd below W's true lower 1% point on the first-token laws: W's summands are
-    right-skewed); (ii) the Poissonised variance and cumulant — multinomial sampling makes the counts
+    (i) a one-term Cornish–Fisher expansion of W's lower tail, with the skewness bounded below (W's summands are
+    right-skewed, so the normal quantile alone sits below W's true lower quantile: docs/method.md, "Library
+    internals"); (ii) the Poissonised variance and cumulant — multinomial sampling makes the counts
     negatively dependent, which lowers the variance; (iii) the least-favourable search over a family
     holding the stationary points of the leading-order problem. None is a finite-sample proof, so the
     bound was validated by a coverage study: ``make coverage`` (``python -m

@@ -59,7 +59,7 @@ def plugin_margin(m: int, delta: float) -> float:
     P(q − N/m > q − k_q/m) <= δ with k_q the binomial's lower δ-quantile (``binom.ppf``); k_q is nondecreasing in q,
     so on a grid q_0 < q_1 < … the supremum over q in [q_j, q_{j+1}] is at most q_{j+1} − k_{q_j}/m, and the
     margin is the largest of those (exact, finite-sample). It is ≈ z_δ / (2√m), the q = ½ normal quantile:
-    at δ = 0.001, 16% below McDiarmid's bounded-differences margin √(ln(1/δ) / 2m), which it replaces.
+    at δ = 0.001, 16% below McDiarmid's bounded-differences margin √(ln(1/δ) / 2m).
 
     >>> round(plugin_margin(45_000, 0.001), 5)  # McDiarmid's: 0.00876
     0.00734
