@@ -40,7 +40,7 @@ def new_grid(rows: int, cols: int, figsize, **kwargs) -> tuple[Figure, np.ndarra
 
 
 def finish(fig: Figure, ax, title: str, *, xlabel: str | None = None, ylabel: str | None = None,
-            legend: dict | None = None) -> Figure:
+           legend: dict | None = None) -> Figure:
     """The last steps of a one-axes figure: axis labels (where given), title, legend (``legend``: its
     options), a tight layout."""
     if xlabel is not None:

@@ -71,7 +71,7 @@ def tv_bounds(summary: pd.DataFrame, tolerance: float) -> Figure:
     height = fig.get_figheight()
     fig.legend(handles=handles, loc="lower center", ncol=2, frameon=False, fontsize=10)
     fig.suptitle(wrap("Upper 99% bound on TV from the target, per sampler, coloured by the suite's verdict "
-                       "(equivalent = no test rejects and the bound is below ε)", 10, 12), fontsize=12)
+                      "(equivalent = no test rejects and the bound is below ε)", 10, 12), fontsize=12)
     fig.tight_layout(rect=(0, 0.75 / height, 1, 1))
     return fig
 
@@ -166,9 +166,9 @@ def pit(pits: dict[str, np.ndarray], bins: int = 20, verdicts: dict[str, str] | 
         shown[-1].xaxis.set_tick_params(labelbottom=True)
         shown[-1].set_xlabel("u")
     return finish_grid(fig, axes, len(pits), "density",
-                        wrap("Randomized PIT under the exact target law. Lossless ⇒ flat (dashed line); flat does "
-                              "not imply lossless: some faults keep every token's PIT uniform"
-                              + (f". Shown: {selection}" if selection else ""), 3.4 * cols, 11), 11)
+                       wrap("Randomized PIT under the exact target law. Lossless ⇒ flat (dashed line); flat does "
+                            "not imply lossless: some faults keep every token's PIT uniform"
+                            + (f". Shown: {selection}" if selection else ""), 3.4 * cols, 11), 11)
 
 
 def tv_bound_path(frame: pd.DataFrame, tolerance: float) -> Figure:
@@ -265,7 +265,7 @@ def detection_power(power: pd.DataFrame, level: float = 0.9) -> Figure:
     ax.set_ylim(-0.02, 1.02)
     m = int(power["m"].iloc[0])
     return finish(fig, ax, f"What the suite can see at m = {m:,}: power against planted faults",
-                   legend=dict(fontsize=8))
+                  legend=dict(fontsize=8))
 
 
 def kernel_tests(tests: pd.DataFrame, title: str) -> Figure:

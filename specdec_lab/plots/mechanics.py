@@ -30,7 +30,7 @@ def step_decomposition(p: np.ndarray, q: np.ndarray, kept: np.ndarray, replaced:
     ax.scatter(x, q[order], marker="o", color=colors[2], label="draft q", zorder=3)
     token_axis(ax, order, tokens)
     return finish(fig, ax, "Modified rejection sampling, one step: the two parts add up to p",
-                   ylabel="probability")
+                  ylabel="probability")
 
 
 def three_token_step(p: np.ndarray, q: np.ndarray, kept: np.ndarray, replaced: np.ndarray, tokens,
@@ -133,8 +133,8 @@ def bug_anatomy(parts: list[dict], top: int = 12, tokens=None, cols: int = 3) ->
         ax.set_title(wrap(f"{part['name']}: exact TV {part['tv']:.3f}", 4.1, 10), fontsize=10)
         ax.legend(fontsize=7.5, loc="upper right")
     return finish_grid(fig, axes, len(parts), "probability",
-                        wrap("Anatomy of each negative control: where its one step puts the mass (bars) against "
-                              "where p puts it (ticks)", 4.3 * cols, 12), 12)
+                       wrap("Anatomy of each negative control: where its one step puts the mass (bars) against "
+                            "where p puts it (ticks)", 4.3 * cols, 12), 12)
 
 
 def agreement_by_position(agreement: np.ndarray, independent_first: float) -> Figure:
@@ -151,7 +151,7 @@ def agreement_by_position(agreement: np.ndarray, independent_first: float) -> Fi
     ax.set_xticks(x)
     ax.set_ylim(0, 1)
     return finish(fig, ax, "Same seed, different samples: agreement by position", xlabel="position",
-                   ylabel="fraction of chains", legend=dict(fontsize=9))
+                  ylabel="fraction of chains", legend=dict(fontsize=9))
 
 
 def exact_tv(table: pd.DataFrame) -> Figure:
@@ -249,6 +249,6 @@ def typical_heatmap(grid: pd.DataFrame) -> Figure:
         ax.set_xlabel("α (entropy-scaled threshold)")
         ax.set_ylabel("ε (hard threshold)")
     fig.suptitle(wrap("Medusa typical acceptance is lossy: exact TV from the target law (0 = lossless)",
-                       4.7 * len(temperatures)))
+                      4.7 * len(temperatures)))
     fig.tight_layout()
     return fig

@@ -37,8 +37,8 @@ def roofline(hardware: dict[str, tuple[float, float]], points: pd.DataFrame) -> 
     low, high = ax.get_ylim()
     ax.set_ylim(low, high * 4)  # room for the batch labels above the flat roof
     return finish(fig, ax, wrap("Roofline: decoding at batch B sits on the bandwidth slope until B is large", 8.2),
-                   xlabel="arithmetic intensity (FLOP per byte moved)", ylabel="attainable FLOP/s",
-                   legend=dict(title="hardware"))
+                  xlabel="arithmetic intensity (FLOP per byte moved)", ylabel="attainable FLOP/s",
+                  legend=dict(title="hardware"))
 
 
 def batch_sweep(frame: pd.DataFrame) -> Figure:
@@ -76,4 +76,4 @@ def speedup(table: pd.DataFrame, k: int | None = None, title: str = "") -> Figur
         ax.axvline(k, color="red", linewidth=1.5, label=f"your K = {k}")
     ax.set_xticks(table["K"])
     return finish(fig, ax, wrap(title or "Expected wall-clock speedup (1 − α^{K+1}) / ((1 − α)(Kc + 1))", 6.5),
-                   legend=dict(loc="best"))
+                  legend=dict(loc="best"))
