@@ -140,8 +140,8 @@ class Hardware:
 
 
 # Sources: NVIDIA datasheets (dense tensor-core BF16, i.e. without the 2:4 sparsity factor that the
-# headline figures include). Memory is the marketed size in decimal GB; an "80GB" part reports about
-# 79.2 GiB = 85.0e9 bytes to CUDA, so 80e9 is slightly conservative.
+# headline figures include). Memory is the marketed size in decimal GB, at most what CUDA reports for the part
+# (conservative; the reading is in docs/method.md, "Library internals").
 HARDWARE: dict[str, Hardware] = {hw.name: hw for hw in [
     # H100 SXM5: 3.35 TB/s HBM3, 989 TFLOP/s BF16 dense (1,979 with sparsity), 80 GB.
     Hardware("h100-sxm5", 3.35e12, 989e12, 80e9, "NVIDIA H100 SXM5 datasheet"),

@@ -19,7 +19,7 @@ def quick_run(tmp_path_factory, pair):
     threads = torch.get_num_threads()
     out = tmp_path_factory.mktemp("bench")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(bench, "_load_pair", lambda device, prompt: (pair, pair.encode(prompt)))
+        mp.setattr(bench.jobs, "_load_pair", lambda device, prompt: (pair, pair.encode(prompt)))
         data, markdown = bench.run_benchmark(bench.QUICK, out, progress=False, runner=bench.run_job)
     torch.set_num_threads(threads)
     return data, markdown, out

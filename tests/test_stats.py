@@ -281,7 +281,7 @@ class TestTVUpperBound:
     def test_floor_search_criterion_equals_the_grid_build(self, seed):
         """The floor search's bisection (no grid) lands on the grid point the full unskewed build gives, on laws of
         1 to 3,000 cells, flat to spiky, at m from 2 to 300,000 (a wrong bisection changes the chosen floor)."""
-        from specdec_lab.stats.bounds import KeptSetTest
+        from specdec_lab.stats.holder import KeptSetTest
 
         rng = np.random.default_rng(seed)
         for size in (1, 2, 50, 3000):

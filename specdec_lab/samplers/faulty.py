@@ -62,40 +62,45 @@ def _target_unfiltered(logits: torch.Tensor, config: SamplingConfig) -> Law:
     return to_probs(logits, SamplingConfig(dtype=config.dtype))
 
 
+def _control(name: str, changed: dict, description: str, anchor: str, needs: dict | None = None) -> Verifier:
+    """:data:`~specdec_lab.samplers.rules.LEVIATHAN` with one piece changed (``changed``: the
+    :class:`~specdec_lab.samplers.rules.Verifier` field and its faulty value), marked not lossless."""
+    return replace(LEVIATHAN, name=name, lossless=False, description=description, anchor=anchor, needs=needs,
+                   **changed)
+
+
 FAULTY = {v.name: v for v in (
-    replace(LEVIATHAN, name="always_accept", lossless=False, accept_prob=_accept_always,
-            description="every draft token accepted (output law is q, not p)",
-            anchor="common re-implementation error (the acceptance test skipped or short-circuited)"),
-    replace(LEVIATHAN, name="residual_from_p", lossless=False, residual=_residual_p,
-            description="after a rejection, resample from p instead of norm((p - q)+)",
-            anchor="common re-implementation error (double-counts tokens where p > q)"),
-    replace(LEVIATHAN, name="residual_from_q", lossless=False, residual=_residual_q,
-            description="after a rejection, resample from q",
-            anchor="common re-implementation error (resampling on the draft side)"),
-    replace(LEVIATHAN, name="q_untempered", lossless=False, draft_law=_draft_q_untempered,
-            description="draft sampled at temperature T, ratio uses its temperature-1 q",
-            anchor="common re-implementation error; the mirror image of vLLM issue #9834 (fixed by PR #10198), where "
-                   "the two sides were also filtered differently",
-            needs={"temperature": 0.7}),
-    replace(LEVIATHAN, name="q_topk_unnormalised", lossless=False, draft_law=_draft_q_topk_unnormalised,
-            description="draft sampled from top-k, ratio uses q without renormalisation (ratio x 1/Z)",
-            anchor="HF transformers issue #47932 (candidate generators returned a q they did not sample from: "
-                   "the ratio inflated by 1/Z)", needs={"top_k": 20}),
-    replace(LEVIATHAN, name="argmax_draft_softmax_q", lossless=False, draft_law=_draft_argmax_softmax_q,
-            description="draft token is argmax q, yet its softmax q enters the ratio",
-            anchor="HF transformers PR #30778 (assistant forced greedy), reported as issue #32867, "
-                   "reverted by PR #33534"),
-    replace(LEVIATHAN, name="bonus_wrong_position", lossless=False, bonus_offset=-1,
-            description="after K accepts the bonus token is drawn from p at position K, not K+1",
-            anchor="common re-implementation error (an off-by-one logits slice)",
-            needs={"k": 1}),  # the bonus is token K+1: K = 1 puts it inside a window of 2 tokens
-    replace(LEVIATHAN, name="swapped_ratio", lossless=False, accept_prob=_accept_swapped,
-            description="acceptance with min(1, q/p): target and draft letters swapped",
-            anchor="common re-implementation error (target and draft letters swapped between files)"),
-    replace(LEVIATHAN, name="target_unfiltered", lossless=False, target_law=_target_unfiltered,
-            description="target probabilities at default temperature while the draft is tempered",
-            anchor="vLLM issue #9834, fixed by PR #10198 (target probabilities at default sampling "
-                   "parameters while the draft was filtered)", needs={"temperature": 0.7}),
+    _control("always_accept", {"accept_prob": _accept_always},
+             "every draft token accepted (output law is q, not p)",
+             "common re-implementation error (the acceptance test skipped or short-circuited)"),
+    _control("residual_from_p", {"residual": _residual_p},
+             "after a rejection, resample from p instead of norm((p - q)+)",
+             "common re-implementation error (double-counts tokens where p > q)"),
+    _control("residual_from_q", {"residual": _residual_q},
+             "after a rejection, resample from q",
+             "common re-implementation error (resampling on the draft side)"),
+    _control("q_untempered", {"draft_law": _draft_q_untempered},
+             "draft sampled at temperature T, ratio uses its temperature-1 q",
+             "common re-implementation error; the mirror image of vLLM issue #9834 (fixed by PR #10198), where "
+             "the two sides were also filtered differently", needs={"temperature": 0.7}),
+    _control("q_topk_unnormalised", {"draft_law": _draft_q_topk_unnormalised},
+             "draft sampled from top-k, ratio uses q without renormalisation (ratio x 1/Z)",
+             "HF transformers issue #47932 (candidate generators returned a q they did not sample from: "
+             "the ratio inflated by 1/Z)", needs={"top_k": 20}),
+    _control("argmax_draft_softmax_q", {"draft_law": _draft_argmax_softmax_q},
+             "draft token is argmax q, yet its softmax q enters the ratio",
+             "HF transformers PR #30778 (assistant forced greedy), reported as issue #32867, "
+             "reverted by PR #33534"),
+    _control("bonus_wrong_position", {"bonus_offset": -1},  # the bonus is token K+1: K = 1 puts it in a 2-token window
+             "after K accepts the bonus token is drawn from p at position K, not K+1",
+             "common re-implementation error (an off-by-one logits slice)", needs={"k": 1}),
+    _control("swapped_ratio", {"accept_prob": _accept_swapped},
+             "acceptance with min(1, q/p): target and draft letters swapped",
+             "common re-implementation error (target and draft letters swapped between files)"),
+    _control("target_unfiltered", {"target_law": _target_unfiltered},
+             "target probabilities at default temperature while the draft is tempered",
+             "vLLM issue #9834, fixed by PR #10198 (target probabilities at default sampling "
+             "parameters while the draft was filtered)", needs={"temperature": 0.7}),
 )}
 
 

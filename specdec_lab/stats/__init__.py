@@ -12,18 +12,21 @@ are ``N_i`` over ``m`` samples. One module per idea:
 - :mod:`~specdec_lab.stats.identity` — identity tests (Pearson/G with tail merging, ADK, two-sample
   closeness, per-prefix conditional tests, randomized PIT, the log-probability z-test, Holm, the
   calibration meta-test and the anytime-valid e-process);
-- :mod:`~specdec_lab.stats.bounds` — plug-in TV and KL, and the certified TV upper bound;
+- :mod:`~specdec_lab.stats.plugin` — plug-in TV and KL, the plug-in margin, the two-sample TV bound;
+- :mod:`~specdec_lab.stats.holder` — the Hölder kept-set test that the certified bound inverts;
+- :mod:`~specdec_lab.stats.bounds` — the certified TV upper bound (floors, routes, δ split) and its plan;
+- :mod:`~specdec_lab.stats.coupling` — the coupling certificate (TV ≤ P(X ≠ Y) from paired draws), Clopper–Pearson;
 - :mod:`~specdec_lab.stats.independence` — the collision test;
 - :mod:`~specdec_lab.stats.planning` — sample sizes and power;
 - :mod:`~specdec_lab.stats.coverage` — the coverage study of the TV bound (``make coverage``).
 """
 
-from specdec_lab.stats.bounds import (FLOOR_MULTIPLES, SKEW_CAP, TV_ROUTES, BoundPlan, KeptSetTest, TVBound,
-                                      deviation_shapes, expected_tv_bound, expected_tv_plugin,
-                                      holder_statistic, holder_statistics, kl_miller_madow, plugin_margin,
-                                      poisson_quadratic_k3, skew_k3_coefficients, skew_lift, tv_plugin,
-                                      tv_upper_bound, two_sample_tv_upper)
+from specdec_lab.stats.bounds import FLOOR_MULTIPLES, TV_ROUTES, BoundPlan, TVBound, expected_tv_bound, tv_upper_bound
 from specdec_lab.stats.coupling import clopper_pearson_upper, coupling_pairs_needed, coupling_tv_upper
+from specdec_lab.stats.holder import (SKEW_CAP, KeptSetTest, deviation_shapes, holder_statistic, holder_statistics,
+                                      poisson_quadratic_k3, skew_k3_coefficients, skew_lift)
+from specdec_lab.stats.plugin import (expected_tv_plugin, kl_miller_madow, plugin_margin, tv_plugin,
+                                      two_sample_tv_upper)
 from specdec_lab.stats.identity import (adk_identity, chisquare_identity, closeness_two_sample,
                                         conditional_tests, dirichlet_eprocess, holm, logprob_ztest,
                                         merge_tail, pit_ks_test, randomized_pit, uniformity_test)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-from scipy import stats as sps
 
 from specdec_lab.stats.results import CollisionResult, _counts_and_law
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats as sps
 
-from specdec_lab.stats.bounds import (BoundPlan, expected_tv_bound, tv_upper_bound,  # noqa: F401 (doctests)
-                                     two_sample_tv_upper)
+from specdec_lab.stats.bounds import BoundPlan, expected_tv_bound, tv_upper_bound  # noqa: F401 (doctests)
+from specdec_lab.stats.plugin import two_sample_tv_upper
 
 
 # Laws of more than SMALL_LAW_CELLS cells (a joint law) are drawn lumped: the chosen floor's kept set and one cell for
@@ -23,8 +23,8 @@ TWO_SAMPLE_DRAWS = 200  # the two-sample planner's draws per m (mean + z sd)
 SMALL_LAW_PRECISION, LARGE_LAW_PRECISION = 0.01, 0.05  # bisection on log m; a joint law's step costs ~10x more
 # Each m decides early on the first EARLY_DRAWS draws when the answer is plain: fail when so many bounds exceed ε
 # that an m meeting the assurance would show as many with probability below EARLY_FAIL_LEVEL (8 of 2,000 at
-# assurance 0.999), pass when the bounds' mean + EARLY_PASS_Z sd is below ε (the bound's 0.999 quantile sat at
-# mean + 4.35 sd on the T = 1 joint law at m = 98,700: its upper tail is heavier than the normal's).
+# assurance 0.999), pass when the bounds' mean + EARLY_PASS_Z sd is below ε (5 sd, not the normal's 3.1: the bound's
+# upper tail is heavier than the normal's; the measurement is in docs/method.md, "Library internals").
 EARLY_DRAWS, EARLY_FAIL_LEVEL, EARLY_PASS_Z = 2_000, 1e-3, 5.0
 _BATCH_CELLS = 4_000_000  # counts drawn per batch: draws x cells
 
@@ -72,9 +72,7 @@ def plan_bound_by_simulation(p, eps: float, *, confidence: float = 0.99, assuran
     at most a share 1 − assurance of the bounds exceed ε — the empirical quantile, no shape assumed (the first
     2,000 decide when the answer is plain: :data:`EARLY_FAIL_LEVEL`, :data:`EARLY_PASS_Z`); doubling, then
     bisection on log m, to 1% on laws of up to 16,384 cells (a first-token law) and to 5% on larger (joint) laws,
-    whose sample sets are drawn lumped (:func:`simulated_bounds`). (Until 7 December the joint laws were planned
-    from 200 draws as mean + z_assurance · sd, which assumed a normal upper tail: at those plans a correct
-    sampler's bound exceeded ε in 0.7–0.8% of sample sets, not 0.1%.) With ``at_least``, the search starts there:
+    whose sample sets are drawn lumped (:func:`simulated_bounds`). With ``at_least``, the search starts there:
     ``at_least`` itself when it passes (one check, usually on the first 2,000 draws) — how a run that already needs
     m samples for another bound asks whether m also serves this one. Unlike
     :func:`plan_tv_bound_samples` (the bound at its expectation under H0), this sizes a run so that a
