@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from specdec_lab.kernels.contract import Kernel, KernelSpec
 from specdec_lab.kernels.harness import AuditSettings
-from specdec_lab.kernels.judge import Verdict, audit_kernel
+from specdec_lab.kernels.judge import KernelAudit, audit_kernel
 from specdec_lab.kernels.scenarios import Batch, standard_batch
 
 
 def assert_lossless_kernel(kernel: Kernel | KernelSpec, *, samples: int = 2_000, seed: int = 0,
                            scenarios: Batch | None = None, vocab_size: int = 32_000, k: int = 4,
-                           alpha: float = 1e-3) -> Verdict:
+                           alpha: float = 1e-3) -> KernelAudit:
     """Fail (``AssertionError`` with a readable report) unless ``kernel`` emits exactly the target law.
 
     Parameters
@@ -38,7 +38,7 @@ def assert_lossless_kernel(kernel: Kernel | KernelSpec, *, samples: int = 2_000,
 
     Returns
     -------
-    Verdict
+    KernelAudit
         When the kernel passes: its tests, per-class TV bounds and the audit's power.
 
     Raises

@@ -64,6 +64,7 @@ class TestContract:
         verdict = audit_kernel(drops_drafts, SMALL.select(lambda r: r.name == "Zipf head, long tail"),
                                AuditSettings(samples=50))
         assert not verdict.passed and "accepted position differs from its draft" in verdict.report
+        assert verdict.verdict.verdict == "rejected" and "REJECTED" in verdict.report
 
 
 class TestExactLaw:
@@ -106,6 +107,11 @@ class TestExactLaw:
         batch = standard_batch(vocab_size=60, k=3, seed=3)
         verdict = audit_kernel(LOSSLESS, batch, AuditSettings(samples=6_000, alpha=0.01))
         assert verdict.passed, verdict.report
+        # the verdict row of the one vocabulary: certified only when every law test's bound is <= ε
+        row = verdict.verdict
+        worst = verdict.classes["worst_tv_upper"].max()
+        assert row.verdict == ("equivalent" if worst <= row.tolerance else "inconclusive") and row.tv_upper == worst
+        assert row.record()["sampler"] == verdict.kernel and row.record()["m"] == 6_000
 
     @pytest.mark.parametrize("name", ["always_accept", "residual_from_p", "residual_from_q", "swapped_ratio"])
     def test_faulty_kernels_emit_the_model_level_exact_law(self, name):
@@ -178,7 +184,7 @@ class TestNegativeControls:
         assert f"failing rows: {sorted(EXACT_ROWS[name])}" in verdict.report
 
     def test_helper_raises_with_the_report(self):
-        with pytest.raises(AssertionError, match=r"NOT LOSSLESS[\s\S]*failing rows: \[1, 2, 3, 5, 6, 7\]"):
+        with pytest.raises(AssertionError, match=r"REJECTED \(not lossless\)[\s\S]*failing rows: \[1, 2, 3, 5, 6, 7\]"):
             assert_lossless_kernel(BATCH_FAULTY["temperature_leak"], samples=200, vocab_size=4_000)
 
 

@@ -10,12 +10,12 @@ from specdec_lab.experiments.scale import Scale, setup  # noqa: F401 (for the no
 from specdec_lab.kernels import vllm as vllm_kernels
 from specdec_lab.kernels.contract import KernelSpec
 from specdec_lab.kernels.harness import AuditSettings
-from specdec_lab.kernels.judge import Verdict, audit_kernel
+from specdec_lab.kernels.judge import KernelAudit, audit_kernel
 from specdec_lab.kernels.ours import BATCH_FAULTY, FAULTY, LOSSLESS, NOT_AT_KERNEL_LEVEL  # noqa: F401
 from specdec_lab.kernels.scenarios import Batch, standard_batch  # noqa: F401 (for the notebook)
 
 
-def batch_table(batch: Batch, verdict: Verdict) -> pd.DataFrame:
+def batch_table(batch: Batch, verdict: KernelAudit) -> pd.DataFrame:
     """One line per scenario row: its class, settings, drafts, exact acceptance rates and tokens per call."""
     return pd.DataFrame([{"row": s, "class": row.row_class, "scenario": row.name, "T": row.temperature,
                           "top-k": row.top_k, "top-p": row.top_p, "drafts": row.n_drafts,
@@ -24,7 +24,7 @@ def batch_table(batch: Batch, verdict: Verdict) -> pd.DataFrame:
                          for s, (row, law) in enumerate(zip(batch.rows, verdict.laws))]).set_index("row")
 
 
-def audit(kernel: KernelSpec, batch: Batch, samples: int, seed: int = 0) -> Verdict:
+def audit(kernel: KernelSpec, batch: Batch, samples: int, seed: int = 0) -> KernelAudit:
     """The verdict on ``kernel`` over ``batch`` at ``samples`` draws per row (Holm at α = 0.001)."""
     return audit_kernel(kernel, batch, AuditSettings(samples=samples, seed=seed))
 
@@ -37,14 +37,14 @@ def control_table(scale: Scale) -> pd.DataFrame:
     for family, controls in (("rule", FAULTY), ("batch", BATCH_FAULTY)):
         for name, spec in controls.items():
             verdict = audit(spec, batch, scale.kernel_control_samples)
-            rows.append({"control": name, "family": family, "verdict": "passed" if verdict.passed else "rejected",
+            rows.append({"control": name, "family": family, "verdict": verdict.verdict.verdict,
                          "failing rows": list(verdict.failed_rows), "what it does": spec.description})
     rows += [{"control": name, "family": "rule", "verdict": "not a kernel fault", "failing rows": [],
               "what it does": why} for name, why in NOT_AT_KERNEL_LEVEL.items()]
     return pd.DataFrame(rows).set_index("control")
 
 
-def vllm_audits(scale: Scale) -> dict[str, Verdict] | None:
+def vllm_audits(scale: Scale) -> dict[str, KernelAudit] | None:
     """vLLM's CPU rejection sampler as shipped (on the rows without top-k, which crash it) and with its
     ``expand_kernel`` patched (every row); None when vLLM's environment is missing."""
     if not vllm_kernels.available():
@@ -57,7 +57,7 @@ def vllm_audits(scale: Scale) -> dict[str, Verdict] | None:
                                            scale.kernel_control_samples)}
 
 
-def vllm_summary(verdicts: dict[str, Verdict] | None, chars: int = 1500) -> str:
+def vllm_summary(verdicts: dict[str, KernelAudit] | None, chars: int = 1500) -> str:
     """The reports of :func:`vllm_audits` (each cut at ``chars``), or why they were skipped."""
     if verdicts is None:
         return "SKIPPED: vLLM's environment is missing (run `make vllm`, or set SPECDEC_LAB_VLLM_PYTHON)"

@@ -49,6 +49,7 @@ class AuditSettings:
     replicas: int | None = None  # copies of each scenario row per call; None: fit BUFFER_BYTES (max 64)
     alpha: float = 1e-3  # family-wise error over all tests of one audit (Holm)
     confidence: float = 0.99  # of the TV upper bounds reported
+    tolerance: float = 0.05  # ε: the kernel is certified when every law test's TV bound is <= ε (and none rejects)
 
 
 def replicas_for(batch: Batch, settings: AuditSettings) -> int:

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
-from specdec_lab import stats
+from specdec_lab import stats, verdicts
 from specdec_lab.kernels.contract import Kernel, KernelSpec, as_spec
 from specdec_lab.kernels.harness import AuditSettings, Tallies, collect
 from specdec_lab.kernels.law import RowLaw, row_law
@@ -35,9 +35,12 @@ SHOWN = 8  # rejected tests shown in a report (the worst of each row and kind)
 
 
 @dataclass(frozen=True)
-class Verdict:
+class KernelAudit:
+    """A kernel's audit: its verdict row (:class:`specdec_lab.verdicts.Verdict`: rejected by Holm, equivalent when
+    every law test's TV bound is <= ε, inconclusive otherwise) and the evidence behind it."""
+
     kernel: str
-    passed: bool
+    verdict: verdicts.Verdict
     tests: pd.DataFrame  # one row per test: kind, row, row_class, scenario, position, m, pvalue, holm, rejected, TV
     classes: pd.DataFrame  # per row class and position: tests, rejected, worst TV bound, smallest Holm p
     failed_rows: tuple[int, ...]  # scenario rows with a rejected test (or a contract violation)
@@ -47,6 +50,12 @@ class Verdict:
     harness_share: float  # the harness's own time / the kernel's time
     counts: np.ndarray  # (S, K+1, V) tokens emitted per row and position (for plots)
     laws: tuple[RowLaw, ...]  # the exact law of each row
+
+    @property
+    def passed(self) -> bool:
+        """No test rejected the kernel (what ``assert_lossless_kernel`` asserts: a detection test with stated
+        power, :attr:`detectable_tv`); :attr:`verdict` says whether it is also *certified* within ε."""
+        return verdicts.word(self.verdict.verdict) != verdicts.REJECTED
 
     def worst(self, n: int = 3) -> list[tuple[str, np.ndarray, np.ndarray]]:
         """(title, counts, p) of the ``n`` law tests with the smallest Holm p-values (for plots)."""
@@ -134,7 +143,7 @@ def detectable_tv(laws: tuple[RowLaw, ...], samples: int, level: float) -> float
     return worst
 
 
-def judge(kernel: str, batch: Batch, laws: tuple[RowLaw, ...], tallies: Tallies, settings: AuditSettings) -> Verdict:
+def judge(kernel: str, batch: Batch, laws: tuple[RowLaw, ...], tallies: Tallies, settings: AuditSettings) -> KernelAudit:
     """Holm over every test; the verdict, its tables and its report."""
     tests = run_tests(batch, laws, tallies, settings)
     holm = stats.holm(tests["pvalue"].to_numpy(), alpha=settings.alpha)
@@ -148,17 +157,27 @@ def judge(kernel: str, batch: Batch, laws: tuple[RowLaw, ...], tallies: Tallies,
                .reset_index())
     power_tv = detectable_tv(laws, settings.samples, settings.alpha / max(1, len(tests)))
     draws = tallies.calls * tallies.rows_per_call
-    verdict = Verdict(kernel, not tests["rejected"].any(), tests, classes, tuple(sorted(int(r) for r in failed)),
+    worst = float(classes["worst_tv_upper"].max()) if len(classes) else float("nan")
+    word = verdicts.decide(float(tests["holm"].min()), worst, alpha=settings.alpha, tolerance=settings.tolerance)
+    row = verdicts.Verdict(kernel, word, settings.samples, worst, float(tests["holm"].min()), settings.tolerance,
+                           details={"tests": len(tests), "rows": int(tests["row"].max()) + 1,
+                                    "failed_rows": sorted(int(r) for r in failed), "detectable_tv": power_tv,
+                                    "seed": settings.seed, "confidence": settings.confidence})
+    verdict = KernelAudit(kernel, row, tests, classes, tuple(sorted(int(r) for r in failed)),
                       power_tv, "", draws / tallies.kernel_seconds if tallies.kernel_seconds else float("nan"),
                       tallies.harness_seconds / tallies.kernel_seconds if tallies.kernel_seconds else float("nan"),
                       tallies.counts, laws)
     return replace(verdict, report=report(verdict, tallies, laws, settings))
 
 
-def report(verdict: Verdict, tallies: Tallies, laws: tuple[RowLaw, ...], settings: AuditSettings) -> str:
+def report(verdict: KernelAudit, tallies: Tallies, laws: tuple[RowLaw, ...], settings: AuditSettings) -> str:
     """The verdict in words: what failed (rows, positions, worst tokens), or the bounds that passed."""
     tests = verdict.tests
-    head = (f"kernel {verdict.kernel!r}: {'lossless (no test rejected)' if verdict.passed else 'NOT LOSSLESS'} — "
+    row = verdict.verdict
+    words = {verdicts.REJECTED: "REJECTED (not lossless)",
+             verdicts.EQUIVALENT: f"equivalent (no test rejected; every TV bound <= ε = {row.tolerance:g})",
+             verdicts.INCONCLUSIVE: f"inconclusive (no test rejected; some TV bound above ε = {row.tolerance:g})"}
+    head = (f"kernel {verdict.kernel!r}: {words[row.verdict]} — "
             f"{len(tests)} tests on {tests['row'].max() + 1} rows, {settings.samples:,} draws per row, "
             f"Holm at α = {settings.alpha:g}; detects TV ≥ {verdict.detectable_tv:.3f} at position 0 of any row "
             f"with probability ≥ {POWER}")
@@ -204,7 +223,7 @@ def supported(batch: Batch, spec: KernelSpec) -> Batch:
 
 
 def audit_kernel(kernel: Kernel | KernelSpec, batch: Batch, settings: AuditSettings = AuditSettings(),
-                 progress=None) -> Verdict:
+                 progress=None) -> KernelAudit:
     """Run ``kernel`` on the rows of ``batch`` it supports and judge it (see the module notes).
 
     >>> from specdec_lab.kernels.ours import LOSSLESS
