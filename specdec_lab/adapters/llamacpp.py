@@ -59,7 +59,7 @@ def server_config(gguf: Path, port: int, threads: int = 1, lookup_tokens: int = 
     """llama-cpp-python config file: one GGUF served as ``target`` and ``target-lookup``."""
     common = {"model": str(gguf), "n_ctx": 512, "n_batch": 512, "n_threads": threads, "n_threads_batch": threads,
               "logits_all": True, "verbose": False, "cache": False,
-              "type_k": 0, "type_v": 0}  # f32 KV cache: llama.cpp's default f16 cache moves logits by ~3.5e-3
+              "type_k": 0, "type_v": 0}  # f32 KV cache: llama.cpp's default f16 cache moves the logits
     return {"host": "127.0.0.1", "port": port, "interrupt_requests": False,
             "models": [{**common, "model_alias": "target"},
                        {**common, "model_alias": "target-lookup", "draft_model": "prompt-lookup-decoding",

@@ -29,6 +29,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from specdec_lab.adapters.worker import cache_root
 from specdec_lab.models import BUNDLED_DIR
 
 VERSION = "0.3.36"  # llama-cpp-python, pinned in requirements-audit.txt
@@ -61,8 +62,7 @@ ENGINE_CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "
 def engine_dir() -> Path:
     """The per-machine llama.cpp build, keyed by the pin: ``$SPECDEC_LAB_LLAMA_CPP`` or
     ``${XDG_CACHE_HOME:-~/.cache}/specdec-lab/llama.cpp-<VERSION>`` (outside every clone)."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return Path(os.environ.get("SPECDEC_LAB_LLAMA_CPP", cache / "specdec-lab" / f"llama.cpp-{VERSION}"))
+    return Path(os.environ.get("SPECDEC_LAB_LLAMA_CPP", cache_root() / f"llama.cpp-{VERSION}"))
 
 
 def engine_binary(name: str) -> Path:

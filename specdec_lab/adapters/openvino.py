@@ -32,13 +32,14 @@ drafted, and its accepted-token count is 1 exactly when that candidate was accep
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
 from specdec_lab.adapters.seeds import distinct_seeds
-from specdec_lab.adapters.worker import (REPO, Engine, add_counts, check_lengths, converted_pair, count_errors,
+from specdec_lab.adapters.worker import (REPO, Engine, EngineError, add_counts, check_lengths, converted_pair, count_errors,
                                          engine_python, greedy_check as compare_greedy,
                                          greedy_identity as compare_identity, sampling_job)
 from specdec_lab.sampling import SamplingConfig
@@ -57,18 +58,15 @@ METHODS = {
 ATTRIBUTED_LENGTH = 3  # the window where the counters attribute drafts to token 2 exactly (module docstring)
 
 
-class OpenvinoError(RuntimeError):
+class OpenvinoError(EngineError):
     """OpenVINO GenAI refused a setting, crashed, or answered something the audit cannot use."""
 
 
-def openvino_python() -> Path:
-    """The environment's interpreter: ``$SPECDEC_LAB_OPENVINO_PYTHON``, else ``.venv-openvino``, else the
-    per-machine cache that ``.ci/run`` builds; raises FileNotFoundError when none is built."""
-    return engine_python(ENV_PYTHON, "openvino", REQUIREMENTS, REPO)
-
-
-ENGINE = Engine("OpenVINO GenAI", "openvino_worker.py", OpenvinoError, "openvino_genai_version", openvino_python)
-worker, close_workers = ENGINE.worker, ENGINE.close_workers  # the running worker of a setting; stop them all
+# the environment's interpreter: $SPECDEC_LAB_OPENVINO_PYTHON, else .venv-openvino, else the per-machine cache that
+# .ci/run builds (engine_python); the running worker of an engine setting; stop them all
+ENGINE = Engine("OpenVINO GenAI", "openvino_worker.py", OpenvinoError, "openvino_genai_version",
+                partial(engine_python, ENV_PYTHON, "openvino", REQUIREMENTS, REPO))
+openvino_python, worker, close_workers = ENGINE.python, ENGINE.worker, ENGINE.close_workers
 
 
 def export_ir(source: Path, dest: Path) -> Path:

@@ -119,8 +119,8 @@ def run_batching(pipe, engine: dict, job: dict, input_ids) -> dict:
 
 
 def step_batch(pipe, engine: dict, job: dict, input_ids) -> dict:
-    # request ids 0..n-1 in every job, as generate() numbers them (prompt lookup: the same samples as generate(),
-    # checked on 400; the draft model's samples vary from run to run either way: docs/audit-openvino.md)
+    # request ids 0..n-1 in every job, as generate() numbers them, so prompt lookup gives generate()'s samples (the
+    # draft model's samples vary from run to run either way: docs/audit-openvino.md)
     handles = [pipe.add_request(rid, input_ids, generation_config(engine, job, seed))
                for rid, seed in enumerate(job["seeds"])]
     tokens = [[] for _ in handles]

@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
 from specdec_lab.adapters.seeds import distinct_seeds
-from specdec_lab.adapters.worker import (REPO, Engine, add_counts, check_lengths, converted_pair, count_errors,
+from specdec_lab.adapters.worker import (REPO, Engine, EngineError, add_counts, check_lengths, converted_pair, count_errors,
                                          engine_python, greedy_check as compare_greedy,
                                          greedy_identity as compare_identity, sampling_job)
 from specdec_lab.sampling import SamplingConfig
@@ -53,18 +54,14 @@ METHODS = {
 ATTRIBUTED_LENGTH = 2  # the window where the counters place drafts exactly (module docstring)
 
 
-class OrtGenaiError(RuntimeError):
+class OrtGenaiError(EngineError):
     """ONNX Runtime GenAI refused a setting, crashed, or answered something the audit cannot use."""
 
 
-def ortgenai_python() -> Path:
-    """The environment's interpreter: ``$SPECDEC_LAB_ORTGENAI_PYTHON``, else ``.venv-ortgenai``, else the
-    per-machine cache that ``.ci/run`` builds; raises FileNotFoundError when none is built."""
-    return engine_python(ENV_PYTHON, "ortgenai", REQUIREMENTS, REPO)
-
-
-ENGINE = Engine("ONNX Runtime GenAI", "ortgenai_worker.py", OrtGenaiError, "ortgenai_version", ortgenai_python)
-worker, close_workers = ENGINE.worker, ENGINE.close_workers  # the running worker of a setting; stop them all
+# its interpreter as OpenVINO's (specdec_lab.adapters.worker.engine_python), with $SPECDEC_LAB_ORTGENAI_PYTHON
+ENGINE = Engine("ONNX Runtime GenAI", "ortgenai_worker.py", OrtGenaiError, "ortgenai_version",
+                partial(engine_python, ENV_PYTHON, "ortgenai", REQUIREMENTS, REPO))
+ortgenai_python, worker, close_workers = ENGINE.python, ENGINE.worker, ENGINE.close_workers
 
 
 def build_model(source: Path, dest: Path) -> Path:

@@ -41,7 +41,7 @@ from scipy import stats as scipy_stats
 from tqdm.auto import tqdm
 
 from specdec_lab.adapters.seeds import distinct_seeds
-from specdec_lab.adapters.worker import (REPO, Engine, add_counts, check_lengths, greedy_check as compare_greedy,
+from specdec_lab.adapters.worker import (REPO, Engine, EngineError, add_counts, check_lengths, greedy_check as compare_greedy,
                                          sampling_job)
 from specdec_lab.models import BUNDLED_DIR
 from specdec_lab.sampling import SamplingConfig
@@ -79,7 +79,7 @@ PREFILL_BUDGET = 4096
 AUDIT_FLAGS = ["--dtype", "float32", "--enforce-eager", "--generation-config", "vllm", "--seed", "0"]
 
 
-class VllmError(RuntimeError):
+class VllmError(EngineError):
     """vLLM refused a setting, crashed, or answered something the audit cannot use."""
 
 

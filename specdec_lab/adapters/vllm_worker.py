@@ -78,7 +78,7 @@ def run_job(llm, job: dict) -> dict:
 def parse_command(argv: list) -> dict:
     """Parse one command line with vLLM's own CLI parser: ``vllm serve ...`` through the ``serve``
     subcommand's parser, then ``EngineArgs.from_cli_args``; ``python -m vllm.entrypoints.openai.api_server
-    ...`` (the pre-2025 entry point) through the same argument set. Returns the parsed engine
+    ...`` (the older entry point) through the same argument set. Returns the parsed engine
     settings, or vLLM's own error message."""
     import argparse
     import contextlib

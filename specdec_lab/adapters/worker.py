@@ -31,6 +31,11 @@ REPO = HERE.parents[1]
 ERROR_PREFIX = "engine error: "  # stats key prefix of the count of one engine message (count_errors)
 
 
+class EngineError(RuntimeError):
+    """An engine refused a setting, crashed, or answered something the audit cannot use (each engine's adapter
+    raises a subclass of its own)."""
+
+
 class EngineWorker:
     """One worker process; ``ask(job)`` → reply dict. ``error`` is the exception class its failures raise;
     ``ready`` the worker's first line (the engine's version among its fields)."""
