@@ -1,8 +1,8 @@
 """llama.cpp's ``llama-speculative`` example as a sampler, and the law its stochastic rule samples.
 
-:class:`SpeculativeTool` runs the built ``llama-speculative`` (:func:`~specdec_lab.adapters.llamacpp_build.build_engine`)
-once per sample on GGUF files (:func:`~specdec_lab.adapters.llamacpp_build.convert_to_gguf`) and reads the token ids
-and per-position drafted/accepted flags from its debug log (:func:`spec_log_positions`);
+:class:`SpeculativeTool` runs the built ``llama-speculative`` (:mod:`specdec_lab.adapters.llamacpp_build`) once
+per sample on f32 GGUF files of the bundled pair and reads the token ids and per-position drafted/accepted flags
+from its debug log (:func:`spec_log_positions`); RuntimeError when the tool fails or reads the prompt differently.
 :func:`speculative_example_law` is the exact law of one drafted position under the example's rule (it drafts the
 draft model's most probable token, not a sample of q), the law such an audit finds instead of p.
 """

@@ -39,8 +39,8 @@ import torch
 from tqdm.auto import tqdm
 
 from specdec_lab.adapters.seeds import distinct_seeds
-from specdec_lab.adapters.worker import (REPO, Engine, EngineError, add_counts, check_lengths, converted_pair, count_errors,
-                                         engine_python, greedy_check as compare_greedy,
+from specdec_lab.adapters.worker import (REPO, Engine, EngineError, add_counts, check_lengths, converted_pair,
+                                         count_errors, engine_python, greedy_check as compare_greedy,
                                          greedy_identity as compare_identity, sampling_job)
 from specdec_lab.sampling import SamplingConfig
 from specdec_lab.samplers.naive import SampleResult, check_request

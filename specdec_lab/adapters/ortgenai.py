@@ -35,8 +35,8 @@ import torch
 from tqdm.auto import tqdm
 
 from specdec_lab.adapters.seeds import distinct_seeds
-from specdec_lab.adapters.worker import (REPO, Engine, EngineError, add_counts, check_lengths, converted_pair, count_errors,
-                                         engine_python, greedy_check as compare_greedy,
+from specdec_lab.adapters.worker import (REPO, Engine, EngineError, add_counts, check_lengths, converted_pair,
+                                         count_errors, engine_python, greedy_check as compare_greedy,
                                          greedy_identity as compare_identity, sampling_job)
 from specdec_lab.sampling import SamplingConfig
 from specdec_lab.samplers.naive import SampleResult, check_request
@@ -93,7 +93,8 @@ def bundled_models() -> dict[str, Path]:
     """{"target", "draft", "speculative"} folders of the bundled pair, built on first use and reused (keyed by the
     weights' sha256 and the engine's version)."""
     target, draft = converted_pair("ortgenai", VERSION, "genai_config.json", build_model)
-    return {"target": target, "draft": draft, "speculative": write_speculative(target, draft, target.parent / "speculative")}
+    speculative = write_speculative(target, draft, target.parent / "speculative")
+    return {"target": target, "draft": draft, "speculative": speculative}
 
 
 def engine_settings(method: str, k: int = 4) -> dict:

@@ -41,8 +41,8 @@ from scipy import stats as scipy_stats
 from tqdm.auto import tqdm
 
 from specdec_lab.adapters.seeds import distinct_seeds
-from specdec_lab.adapters.worker import (REPO, Engine, EngineError, add_counts, check_lengths, greedy_check as compare_greedy,
-                                         sampling_job)
+from specdec_lab.adapters.worker import (REPO, Engine, EngineError, add_counts, check_lengths,
+                                         greedy_check as compare_greedy, sampling_job)
 from specdec_lab.models import BUNDLED_DIR
 from specdec_lab.sampling import SamplingConfig
 from specdec_lab.samplers.naive import SampleResult, check_request
