@@ -22,8 +22,10 @@ import torch
 from specdec_lab import stats
 from specdec_lab.adapters import llamacpp
 from specdec_lab.adapters.endpoint import (LLAMA_CPP_NEUTRAL, EndpointClient, EndpointConfig, EndpointError,
-                                           TokenMap, check_prompt_length, choice_tokens, distinct_seeds,
+                                           SEED_RANGE, TokenMap, check_prompt_length, choice_tokens,
                                            sample_endpoint)
+from specdec_lab.adapters.loopback import free_port
+from specdec_lab.adapters.seeds import distinct_seeds
 from specdec_lab.audit import audit
 from specdec_lab.cli import main
 from specdec_lab.sampling import SamplingConfig, make_generator, to_probs
@@ -224,7 +226,7 @@ class TestTransport:
         assert FlakyHandler.calls == 1
 
     def test_unreachable(self):
-        client = EndpointClient(EndpointConfig(f"http://127.0.0.1:{llamacpp.free_port()}", "m", retries=1,
+        client = EndpointClient(EndpointConfig(f"http://127.0.0.1:{free_port()}", "m", retries=1,
                                                backoff=0.01, timeout=2))
         with pytest.raises(EndpointError, match="unreachable after 2 tries"):
             client.post("/v1/completions", {})
@@ -271,5 +273,5 @@ class TestTokenMapping:
         assert result.tokens.tolist() == [pair.encode(" the").tolist()] * 2
 
     def test_seeds_distinct(self):
-        seeds = distinct_seeds(make_generator(0), 5000)
+        seeds = distinct_seeds(make_generator(0), 5000, SEED_RANGE)
         assert len(set(seeds)) == 5000 and max(seeds) < 2**32 - 1

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from specdec_lab import stats
-from specdec_lab.adapters import llamacpp
+from specdec_lab.adapters import llamacpp, llamacpp_build
 from specdec_lab.adapters.endpoint import LLAMA_SERVER_NEUTRAL, EndpointClient, EndpointConfig, server_counters
 from specdec_lab.audit import DEFAULT_PROMPT, audit, second_token_bounds
 from specdec_lab.models import BUNDLED_DIR
@@ -39,12 +39,12 @@ L = K + 2
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     try:
-        llamacpp.engine_binary("llama-server")
+        llamacpp_build.engine_binary("llama-server")
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
     tmp = tmp_path_factory.mktemp("llama-server")
-    target = llamacpp.convert_to_gguf(tmp / "target-f32.gguf")
-    draft = llamacpp.convert_to_gguf(tmp / "draft-f32.gguf", BUNDLED_DIR / "draft")
+    target = llamacpp_build.convert_to_gguf(tmp / "target-f32.gguf")
+    draft = llamacpp_build.convert_to_gguf(tmp / "draft-f32.gguf", BUNDLED_DIR / "draft")
     started = {}
     try:
         started["target-draft"] = llamacpp.start_llama_server(target, tmp, draft)
@@ -147,6 +147,6 @@ def test_unknown_bundled_model_refused():
 def test_engine_dir_keyed_by_pin(monkeypatch, tmp_path):
     monkeypatch.delenv("SPECDEC_LAB_LLAMA_CPP", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert llamacpp.engine_dir() == tmp_path / "specdec-lab" / f"llama.cpp-{llamacpp.VERSION}"
+    assert llamacpp_build.engine_dir() == tmp_path / "specdec-lab" / f"llama.cpp-{llamacpp_build.VERSION}"
     with pytest.raises(FileNotFoundError, match="make llama-cpp"):
-        llamacpp.engine_binary("llama-server")
+        llamacpp_build.engine_binary("llama-server")

@@ -32,6 +32,7 @@ import pytest
 import torch
 
 from specdec_lab.adapters import openvino
+from specdec_lab.adapters.worker import sampling_job
 from specdec_lab.audit import DEFAULT_PROMPT, LOOKUP_PROMPT, audit
 from specdec_lab.sampling import SamplingConfig
 from specdec_lab.suite import SuiteSettings
@@ -118,14 +119,14 @@ def test_finding_default_prefix_caching_breaks_sampled_speculation(pair):
     Sequence::_make_hash (sequence_group.cpp), and after that no draft is ever accepted, greedy included."""
     engine = openvino.worker(openvino.engine_settings("draft_model"))
     prompt = pair.encode(DEFAULT_PROMPT)
-    sampled = engine.ask(openvino.job(prompt, list(range(40)), 8, SamplingConfig()), close_on_error=False)
+    sampled = engine.ask(sampling_job(prompt, list(range(40)), 8, SamplingConfig()), close_on_error=False)
     assert sampled["errors"], "no request raised"
     assert "content_length <= prompt_ids.size() + m_generated_ids.size()" in sampled["errors"][0]["message"]
-    greedy = engine.ask(openvino.job(prompt, [0, 1, 2], 8, SamplingConfig(temperature=0.0)))
+    greedy = engine.ask(sampling_job(prompt, [0, 1, 2], 8, SamplingConfig(temperature=0.0)))
     assert all(c["accepted"] == 0 for c in greedy["counters"]), greedy["counters"]
-    fresh = openvino.Worker(openvino.engine_settings("draft_model"))  # the same settings, never sampled
+    fresh = openvino.ENGINE.start(openvino.engine_settings("draft_model"))  # the same settings, never sampled
     try:
-        reply = fresh.ask(openvino.job(prompt, [0], 8, SamplingConfig(temperature=0.0)))
+        reply = fresh.ask(sampling_job(prompt, [0], 8, SamplingConfig(temperature=0.0)))
         assert reply["counters"][0]["accepted"] > 0, reply["counters"]
     finally:
         fresh.close()

@@ -35,6 +35,8 @@ import torch
 
 from specdec_lab import stats
 from specdec_lab.adapters import vllm as vllm_adapter
+from specdec_lab.adapters import vllm_serve
+from specdec_lab.adapters.seeds import distinct_seeds
 from specdec_lab.audit import audit
 from specdec_lab.sampling import SamplingConfig
 from specdec_lab.serving import ServingConfig, vllm_argv, vllm_legacy_command
@@ -124,8 +126,8 @@ def test_serve_path_through_the_endpoint_adapter(pair, tmp_path):
         {"name": "t07-minp", "prompt": "JULIET:\n", "temperature": 0.7, "min_p": 0.05, "logprobs": False},
         {"name": "greedy-penalised", "prompt": "HAMLET:\n", "temperature": 0, "repetition_penalty": 1.3,
          "presence_penalty": 0.5}]})  # (vLLM refuses n > 1 at T = 0: HTTP 400)
-    with vllm_adapter.served("none") as server:
-        sampler = vllm_adapter.endpoint_config(server, SamplingConfig(), "none", n_per_request=8, concurrency=4,
+    with vllm_serve.served("none") as server:
+        sampler = vllm_serve.endpoint_config(server, SamplingConfig(), "none", n_per_request=8, concurrency=4,
                                                progress=False)
         result = audit(pair, sampler, 800, L, tmp_path / "serve.parquet", prompt="ROMEO:\n", seed=3, settings=SETTINGS,
                        progress=False)
@@ -147,16 +149,16 @@ def test_server_patch_applies_in_a_fresh_process_of_vllms_environment(tmp_path):
     with it on PYTHONPATH (the API server and its engine core), and the fixed function expands floats right."""
     import subprocess
 
-    folder = vllm_adapter.patch_site("vllm-cpu-expand", tmp_path / "patch")
+    folder = vllm_serve.patch_site("vllm-cpu-expand", tmp_path / "patch")
     check = ("import torch; from vllm.utils import cpu_triton_utils as u; out = torch.empty(4); "
              "u._expand_kernel_impl(out, torch.tensor([1.0, 0.7]), torch.tensor([2, 4]), 0, 1); print(out.tolist())")
     done = subprocess.run([str(vllm_adapter.vllm_python()), "-P", "-c", check], capture_output=True, text=True,
                           env={**vllm_adapter.worker_env(), "PYTHONPATH": str(folder)}, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert vllm_adapter.PATCH_MARK in done.stderr
+    assert vllm_serve.PATCH_MARK in done.stderr
     assert [round(v, 6) for v in json.loads(done.stdout.strip().splitlines()[-1])] == [1.0, 1.0, 0.7, 0.7]
     with pytest.raises(ValueError, match="unknown patch"):
-        vllm_adapter.patch_site("nope", tmp_path / "nope")
+        vllm_serve.patch_site("nope", tmp_path / "nope")
 
 
 def test_speculative_greedy_equals_reference_greedy(pair):
@@ -248,7 +250,7 @@ def test_finding_cpu_expand_kernel_returns_uninitialised_floats():
 
 
 def test_lattice_seeds_do_not_overlap():
-    seeds = vllm_adapter.lattice_seeds(torch.Generator().manual_seed(0), 10_000, 8)
+    seeds = distinct_seeds(torch.Generator().manual_seed(0), 10_000, vllm_adapter.SEED_HIGH, step=8)
     blocks = {s + i for s in seeds for i in range(8)}
     assert len(blocks) == 80_000 and all(s % 8 == 0 for s in seeds)
 

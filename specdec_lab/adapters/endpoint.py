@@ -53,6 +53,7 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
+from specdec_lab.adapters.seeds import distinct_seeds
 from specdec_lab.drafting import COUNTER_RULES
 from specdec_lab.sampling import SamplingConfig
 from specdec_lab.samplers.naive import SampleResult, check_request
@@ -115,7 +116,7 @@ class EndpointConfig:
     retries: int = 5
     backoff: float = 0.5
     max_rate: float = 200.0
-    seed_high: int = 2**32 - 1
+    seed_high: int = SEED_RANGE
     seed_step: int = 1
     concurrency: int = 1
     min_tokens: bool = False
@@ -356,16 +357,6 @@ def lookup_positions(calls: list, outcomes: list, prompt_length: int, length: in
                     break
         add_positions(positions, drafted, accepted)
     return positions
-
-
-def distinct_seeds(generator: torch.Generator, count: int, high: int = SEED_RANGE, step: int = 1) -> list[int]:
-    """``count`` distinct request seeds drawn from ``generator``: multiples of ``step`` below ``high``."""
-    seeds: list[int] = []
-    slots = min(high // step, 2**62)
-    while len(seeds) < count:
-        draw = torch.randint(0, slots, (count,), generator=generator, device=generator.device).tolist()
-        seeds = list(dict.fromkeys(seeds + [u * step for u in draw]))[:count]
-    return seeds
 
 
 def server_counters(text: str) -> dict:

@@ -19,8 +19,7 @@ and ``candidate_generator.py``):
 - ``plain`` — ``generate(do_sample=True)`` without an assistant: HF's own sampler, the baseline.
 
 Assisted generation is batch-1 only upstream ("assisted generate is only supported for
-batch_size = 1"), so :func:`sample_hf` loops over samples (≈ 30 ms each for the bundled pair on
-one CPU core) with a progress bar.
+batch_size = 1"), so :func:`sample_hf` loops over samples, one ``generate`` call each, with a progress bar.
 
 Settings the adapter forces, each because HF would otherwise not sample from the law asked for:
 exactly L new tokens (``max_new_tokens = min_new_tokens = L`` and ``eos_token_id=None``, so an

@@ -31,26 +31,21 @@ drafted, and its accepted-token count is 1 exactly when that candidate was accep
 
 from __future__ import annotations
 
-import atexit
-import hashlib
-import json
-import os
-import subprocess
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
-from specdec_lab.adapters.worker import (EngineWorker, WorkerPool, add_counts, cache_root, distinct_seeds,
-                                         engine_python, first_difference, greedy_decode)
-from specdec_lab.models import BUNDLED_DIR, verify_manifest
+from specdec_lab.adapters.seeds import distinct_seeds
+from specdec_lab.adapters.worker import (REPO, Engine, EngineError, add_counts, check_lengths, converted_pair,
+                                         count_errors, engine_python, greedy_check as compare_greedy,
+                                         greedy_identity as compare_identity, sampling_job)
 from specdec_lab.sampling import SamplingConfig
 from specdec_lab.samplers.naive import SampleResult, check_request
 
 VERSION = "2026.4.1.0"  # openvino-genai, pinned in requirements-openvino.txt
-REPO = Path(__file__).resolve().parents[2]
-WORKER = Path(__file__).with_name("openvino_worker.py")
 REQUIREMENTS = REPO / "requirements-openvino.txt"
 ENV_PYTHON = "SPECDEC_LAB_OPENVINO_PYTHON"  # another environment's python
 SEED_HIGH = 2**32  # mt19937 keeps the low 32 bits of rng_seed
@@ -60,80 +55,32 @@ METHODS = {
     "draft_model": "the bundled draft model (num_assistant_tokens = k)",
     "prompt_lookup": "prompt lookup: n-gram matches in the context (max_ngram_size 3), no model",
 }
-ERROR_PREFIX = "engine error: "  # stats key of the count of one engine message
 ATTRIBUTED_LENGTH = 3  # the window where the counters attribute drafts to token 2 exactly (module docstring)
 
 
-class OpenvinoError(RuntimeError):
+class OpenvinoError(EngineError):
     """OpenVINO GenAI refused a setting, crashed, or answered something the audit cannot use."""
 
 
-def openvino_python() -> Path:
-    """The environment's interpreter: ``$SPECDEC_LAB_OPENVINO_PYTHON``, else ``.venv-openvino``, else the
-    per-machine cache that ``.ci/run`` builds."""
-    return engine_python(ENV_PYTHON, "openvino", REQUIREMENTS, REPO)
-
-
-def worker_env() -> dict:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": ""}
-
-
-# ---------------------------------------------------------------- the bundled pair in OpenVINO IR
-
-
-def ir_dir() -> Path:
-    """Where the bundled pair's IR lives on this machine: keyed by the weights' sha256 and the engine's version."""
-    manifest = verify_manifest(BUNDLED_DIR)
-    key = hashlib.sha256((manifest["files"]["target/model.safetensors"]
-                          + manifest["files"]["draft/model.safetensors"]).encode()).hexdigest()[:16]
-    return cache_root() / f"openvino-ir-{key}-{VERSION}"
+# the environment's interpreter: $SPECDEC_LAB_OPENVINO_PYTHON, else .venv-openvino, else the per-machine cache that
+# .ci/run builds (engine_python); the running worker of an engine setting; stop them all
+ENGINE = Engine("OpenVINO GenAI", "openvino_worker.py", OpenvinoError, "openvino_genai_version",
+                partial(engine_python, ENV_PYTHON, "openvino", REQUIREMENTS, REPO))
+openvino_python, worker, close_workers = ENGINE.python, ENGINE.worker, ENGINE.close_workers
 
 
 def export_ir(source: Path, dest: Path) -> Path:
     """``optimum-cli export openvino`` (the environment's own exporter) of one bundled model, fp32 weights."""
     cli = openvino_python().parent / "optimum-cli"
-    argv = [str(cli), "export", "openvino", "--model", str(source), "--task", "text-generation-with-past",
-            "--weight-format", "fp32", str(dest)]
-    done = subprocess.run(argv, capture_output=True, text=True, env=worker_env())
-    if done.returncode != 0 or not (dest / "openvino_model.xml").exists():
-        raise OpenvinoError(f"`{' '.join(argv)}` failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return dest
+    return ENGINE.run_tool([str(cli), "export", "openvino", "--model", str(source), "--task",
+                            "text-generation-with-past", "--weight-format", "fp32", str(dest)],
+                           dest / "openvino_model.xml").parent
 
 
 def bundled_ir() -> tuple[Path, Path]:
-    """(target, draft) IR directories of the bundled pair, exported on first use (≈ 20 s) and reused."""
-    root = ir_dir()
-    for name in ("target", "draft"):
-        if not (root / name / "openvino_model.xml").exists():
-            export_ir(BUNDLED_DIR / name, root / f"{name}.partial")
-            (root / f"{name}.partial").rename(root / name)
-    return root / "target", root / "draft"
-
-
-# ---------------------------------------------------------------- worker processes
-
-
-class Worker(EngineWorker):
-    """One ``openvino_worker.py`` process holding one pipeline."""
-
-    def __init__(self, engine: dict, startup_timeout: float = 300.0) -> None:
-        argv = [str(openvino_python()), "-P", str(WORKER), json.dumps(engine)]
-        super().__init__(argv, worker_env(), REPO, OpenvinoError, "OpenVINO GenAI", startup_timeout)
-        self.version = self.ready["openvino_genai_version"]
-
-
-_WORKERS = WorkerPool(Worker)
-
-
-def worker(engine: dict) -> Worker:
-    """The running worker of this engine setting (started on first use)."""
-    return _WORKERS.get(engine)
-
-
-@atexit.register
-def close_workers() -> None:
-    """Stop every worker this process started."""
-    _WORKERS.close()
+    """(target, draft) IR folders of the bundled pair, exported on first use and reused (keyed by the weights'
+    sha256 and the engine's version)."""
+    return converted_pair("openvino-ir", VERSION, "openvino_model.xml", export_ir)
 
 
 def engine_settings(method: str, pipeline: str = "llm", k: int = 4, max_ngram_size: int = 3,
@@ -247,11 +194,6 @@ class OpenvinoConfig:
         return sample(prompt, n, length, self, generator)
 
 
-def job(prompt: torch.Tensor, seeds: list[int], length: int, sampling: SamplingConfig) -> dict:
-    return {"prompt_ids": prompt.tolist(), "seeds": seeds, "length": length, "temperature": sampling.temperature,
-            "top_p": sampling.top_p, "top_k": sampling.top_k}
-
-
 def sample(prompt: torch.Tensor, n: int, length: int, config: OpenvinoConfig,
            generator: torch.Generator) -> SampleResult:
     """Draw ``n`` continuations of exactly ``length`` tokens (jobs of ≤ ``config.job_size`` requests).
@@ -268,15 +210,12 @@ def sample(prompt: torch.Tensor, n: int, length: int, config: OpenvinoConfig,
     rows, totals = [], {"engine_seconds": 0.0, "engine_errors": 0}
     bar = tqdm(total=n, desc=f"OpenVINO {config.method}", unit="samples", leave=False, disable=not config.progress)
     for start in range(0, n, config.job_size):
-        reply = engine.ask(job(prompt, seeds[start:start + config.job_size], length, config.sampling), timeout=600)
-        for ids in reply["tokens"]:
-            if len(ids) != length:
-                raise OpenvinoError(f"OpenVINO GenAI returned {len(ids)} tokens, asked for exactly {length}")
+        reply = engine.ask(sampling_job(prompt, seeds[start:start + config.job_size], length, config.sampling),
+                           timeout=600)
+        check_lengths(reply["tokens"], length, ENGINE)
         rows += reply["tokens"]
         totals["engine_seconds"] += reply["engine_seconds"]
-        totals["engine_errors"] += len(reply["errors"])
-        for error in reply["errors"]:  # counts per message (stats hold numbers only: collect sums them)
-            add_counts(totals, {f"{ERROR_PREFIX}{error['message']}": 1})
+        count_errors(totals, reply["errors"])
         for counters in reply["counters"]:
             if counters:
                 add_counts(totals, {key: value for key, value in (
@@ -290,28 +229,18 @@ def sample(prompt: torch.Tensor, n: int, length: int, config: OpenvinoConfig,
 
 
 def greedy_tokens(method: str, prompt: torch.Tensor, length: int, pipeline: str = "llm", k: int = 4) -> list[int]:
-    """OpenVINO GenAI's greedy (T = 0) continuation of ``prompt`` with ``method``."""
-    reply = worker(engine_settings(method, pipeline, k)).ask(job(prompt, [0], length, SamplingConfig(temperature=0.0)))
-    return reply["tokens"][0]
+    """OpenVINO GenAI's greedy (T = 0) continuation of ``prompt`` ((P,) ids) with ``method``: ``length`` ids."""
+    job = sampling_job(prompt, [0], length, SamplingConfig(temperature=0.0))
+    return worker(engine_settings(method, pipeline, k)).ask(job)["tokens"][0]
 
 
 def greedy_check(method: str, prompt: torch.Tensor, length: int, pipeline: str = "llm", k: int = 4) -> dict:
-    """Greedy tokens of ``method`` against OpenVINO GenAI's own non-speculative greedy tokens."""
-    reference = greedy_tokens("none", prompt, length, pipeline)
-    speculative = reference if method == "none" else greedy_tokens(method, prompt, length, pipeline, k)
-    return {"reference": reference, "speculative": speculative, "identical": reference == speculative,
-            "first_difference": first_difference(reference, speculative)}
+    """Greedy tokens of ``method`` against OpenVINO GenAI's own non-speculative greedy tokens
+    (:func:`specdec_lab.adapters.worker.greedy_check`)."""
+    return compare_greedy(lambda m: greedy_tokens(m, prompt, length, pipeline, k), method)
 
 
 def greedy_identity(pair, prompts: list[str], length: int = 32) -> list[dict]:
     """The IR target's greedy tokens (OpenVINO, no speculation) against our target's argmax decode, token for
     token, one row per prompt: the check that the exported model is our target."""
-    rows = []
-    for text in prompts:
-        ids = pair.encode(text)
-        ours = greedy_decode(pair, ids, length)
-        theirs = greedy_tokens("none", ids, length)
-        rows.append({"prompt": text, "identical": ours == theirs, "first_difference": first_difference(ours, theirs)})
-    return rows
-
-
+    return compare_identity(pair, prompts, length, lambda ids, n: greedy_tokens("none", ids, n))

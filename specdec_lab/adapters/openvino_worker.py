@@ -1,7 +1,8 @@
 """Worker process of OpenVINO GenAI's environment (``make openvino``): one pipeline, jobs on stdin, JSON lines out.
 
 Run by file path with that environment's interpreter (``python -P openvino_worker.py '<engine json>'``); it
-imports only the standard library, numpy and OpenVINO GenAI, never ``specdec_lab``. The engine JSON:
+imports only the standard library, numpy and OpenVINO GenAI, never ``specdec_lab``; the request loop and its
+protocol are :mod:`~specdec_lab.adapters.worker_loop`'s. The engine JSON:
 ``pipeline`` ("llm": ``LLMPipeline``; "continuous-batching": ``ContinuousBatchingPipeline``), ``method``
 ("none", "draft_model", "prompt_lookup"), ``target`` / ``draft`` (OpenVINO IR directories), ``k``
 (``num_assistant_tokens``), ``max_ngram_size`` (prompt lookup), ``prefix_caching`` (null: the pipeline's default;
@@ -17,10 +18,14 @@ the same seed), ``engine_seconds``.
 
 from __future__ import annotations
 
-import json
-import os
+import runpy
 import sys
 import time
+from pathlib import Path
+
+# the shared request loop, loaded by path: this folder is not on sys.path here (worker_loop's docstring)
+LOOP = runpy.run_path(str(Path(__file__).with_name("worker_loop.py")))
+first_line, serve = LOOP["first_line"], LOOP["serve"]
 
 
 def generation_config(engine: dict, job: dict, seed: int):
@@ -89,7 +94,7 @@ def run_llm(pipe, engine: dict, job: dict, input_ids) -> dict:
         try:
             result = pipe.generate(input_ids, config)
         except RuntimeError as exc:
-            errors.append({"seed": seed, "message": str(exc).strip().splitlines()[0]})
+            errors.append({"seed": seed, "message": first_line(exc)})
             result = pipe.generate(input_ids, config)
         tokens.append([int(t) for t in result.tokens[0]])
         counters.append(request_counters(result, engine["method"] != "none"))
@@ -109,13 +114,13 @@ def run_batching(pipe, engine: dict, job: dict, input_ids) -> dict:
     try:
         return {**step_batch(pipe, engine, job, input_ids), "errors": errors}
     except RuntimeError as exc:
-        errors.append({"seed": None, "message": str(exc).strip().splitlines()[0]})
+        errors.append({"seed": None, "message": first_line(exc)})
         return {**step_batch(pipe, engine, job, input_ids), "errors": errors}
 
 
 def step_batch(pipe, engine: dict, job: dict, input_ids) -> dict:
-    # request ids 0..n-1 in every job, as generate() numbers them (prompt lookup: the same samples as generate(),
-    # checked on 400; the draft model's samples vary from run to run either way: docs/audit-openvino.md)
+    # request ids 0..n-1 in every job, as generate() numbers them, so prompt lookup gives generate()'s samples (the
+    # draft model's samples vary from run to run either way: docs/audit-openvino.md)
     handles = [pipe.add_request(rid, input_ids, generation_config(engine, job, seed))
                for rid, seed in enumerate(job["seeds"])]
     tokens = [[] for _ in handles]
@@ -151,29 +156,21 @@ def run_job(pipe, engine: dict, job: dict) -> dict:
     return reply
 
 
-def main() -> int:
-    reply = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # anything the engine prints goes to stderr; the reply channel carries only JSON lines
-    engine = json.loads(sys.argv[1])
-    try:
-        pipe = build_pipeline(engine)
-    except Exception as exc:
-        reply.write(json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n")
-        return 2
+def start(engine: dict) -> tuple:
+    """The pipeline of ``engine``, held with its settings."""
+    return build_pipeline(engine), engine
+
+
+def version() -> dict:
     import openvino_genai as ov_genai
 
-    reply.write(json.dumps({"ready": True, "openvino_genai_version": ov_genai.__version__}) + "\n")
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        try:
-            result = run_job(pipe, engine, json.loads(line))
-        except Exception as exc:
-            result = {"error": f"{type(exc).__name__}: {exc}"}
-        reply.write(json.dumps(result) + "\n")
-    reply.flush()
-    return 0
+    return {"openvino_genai_version": ov_genai.__version__}
+
+
+def answer(held: tuple, job: dict) -> dict:
+    pipe, engine = held
+    return run_job(pipe, engine, job)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(serve(start, answer, version))

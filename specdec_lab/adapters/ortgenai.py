@@ -26,26 +26,22 @@ so both positions are drafted in every request whose evaluated count is 2.
 
 from __future__ import annotations
 
-import atexit
-import hashlib
 import json
-import os
-import subprocess
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
-from specdec_lab.adapters.worker import (EngineWorker, WorkerPool, add_counts, cache_root, distinct_seeds,
-                                         engine_python, first_difference, greedy_decode)
-from specdec_lab.models import BUNDLED_DIR, verify_manifest
+from specdec_lab.adapters.seeds import distinct_seeds
+from specdec_lab.adapters.worker import (REPO, Engine, EngineError, add_counts, check_lengths, converted_pair,
+                                         count_errors, engine_python, greedy_check as compare_greedy,
+                                         greedy_identity as compare_identity, sampling_job)
 from specdec_lab.sampling import SamplingConfig
 from specdec_lab.samplers.naive import SampleResult, check_request
 
 VERSION = "0.18.0"  # onnxruntime-genai, pinned in requirements-ortgenai.txt
-REPO = Path(__file__).resolve().parents[2]
-WORKER = Path(__file__).with_name("ortgenai_worker.py")
 REQUIREMENTS = REPO / "requirements-ortgenai.txt"
 ENV_PYTHON = "SPECDEC_LAB_ORTGENAI_PYTHON"  # another environment's python
 SEED_HIGH = 2**31
@@ -56,42 +52,23 @@ METHODS = {
     "ngram": f"n-gram proposals from the context (speculative.ngram_size {NGRAM_SIZE}), no model",
 }
 ATTRIBUTED_LENGTH = 2  # the window where the counters place drafts exactly (module docstring)
-ERROR_PREFIX = "engine error: "  # stats key of the count of one engine message
 
 
-class OrtGenaiError(RuntimeError):
+class OrtGenaiError(EngineError):
     """ONNX Runtime GenAI refused a setting, crashed, or answered something the audit cannot use."""
 
 
-def ortgenai_python() -> Path:
-    """The environment's interpreter: ``$SPECDEC_LAB_ORTGENAI_PYTHON``, else ``.venv-ortgenai``, else the
-    per-machine cache that ``.ci/run`` builds."""
-    return engine_python(ENV_PYTHON, "ortgenai", REQUIREMENTS, REPO)
-
-
-def worker_env() -> dict:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": ""}
-
-
-# ---------------------------------------------------------------- the bundled pair in ONNX Runtime GenAI's format
-
-
-def models_dir() -> Path:
-    """Where the converted pair lives on this machine: keyed by the weights' sha256 and the engine's version."""
-    manifest = verify_manifest(BUNDLED_DIR)
-    key = hashlib.sha256((manifest["files"]["target/model.safetensors"]
-                          + manifest["files"]["draft/model.safetensors"]).encode()).hexdigest()[:16]
-    return cache_root() / f"ortgenai-{key}-{VERSION}"
+# its interpreter as OpenVINO's (specdec_lab.adapters.worker.engine_python), with $SPECDEC_LAB_ORTGENAI_PYTHON
+ENGINE = Engine("ONNX Runtime GenAI", "ortgenai_worker.py", OrtGenaiError, "ortgenai_version",
+                partial(engine_python, ENV_PYTHON, "ortgenai", REQUIREMENTS, REPO))
+ortgenai_python, worker, close_workers = ENGINE.python, ENGINE.worker, ENGINE.close_workers
 
 
 def build_model(source: Path, dest: Path) -> Path:
     """The engine's own model builder on one bundled model: fp32, CPU."""
-    argv = [str(ortgenai_python()), "-m", "onnxruntime_genai.models.builder", "-m", str(source), "-i", str(source),
-            "-o", str(dest), "-p", "fp32", "-e", "cpu"]
-    done = subprocess.run(argv, capture_output=True, text=True, env=worker_env())
-    if done.returncode != 0 or not (dest / "genai_config.json").exists():
-        raise OrtGenaiError(f"`{' '.join(argv)}` failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return dest
+    return ENGINE.run_tool([str(ortgenai_python()), "-m", "onnxruntime_genai.models.builder", "-m", str(source),
+                            "-i", str(source), "-o", str(dest), "-p", "fp32", "-e", "cpu"],
+                           dest / "genai_config.json").parent
 
 
 def write_speculative(target: Path, draft: Path, dest: Path) -> Path:
@@ -113,40 +90,11 @@ def write_speculative(target: Path, draft: Path, dest: Path) -> Path:
 
 
 def bundled_models() -> dict[str, Path]:
-    """{"target", "draft", "speculative"} folders of the bundled pair, built on first use (≈ 30 s) and reused."""
-    root = models_dir()
-    for name in ("target", "draft"):
-        if not (root / name / "genai_config.json").exists():
-            build_model(BUNDLED_DIR / name, root / f"{name}.partial")
-            (root / f"{name}.partial").rename(root / name)
-    speculative = write_speculative(root / "target", root / "draft", root / "speculative")
-    return {"target": root / "target", "draft": root / "draft", "speculative": speculative}
-
-
-# ---------------------------------------------------------------- worker processes
-
-
-class Worker(EngineWorker):
-    """One ``ortgenai_worker.py`` process holding one model."""
-
-    def __init__(self, engine: dict, startup_timeout: float = 300.0) -> None:
-        argv = [str(ortgenai_python()), "-P", str(WORKER), json.dumps(engine)]
-        super().__init__(argv, worker_env(), REPO, OrtGenaiError, "ONNX Runtime GenAI", startup_timeout)
-        self.version = self.ready["ortgenai_version"]
-
-
-_WORKERS = WorkerPool(Worker)
-
-
-def worker(engine: dict) -> Worker:
-    """The running worker of this engine setting (started on first use)."""
-    return _WORKERS.get(engine)
-
-
-@atexit.register
-def close_workers() -> None:
-    """Stop every worker this process started."""
-    _WORKERS.close()
+    """{"target", "draft", "speculative"} folders of the bundled pair, built on first use and reused (keyed by the
+    weights' sha256 and the engine's version)."""
+    target, draft = converted_pair("ortgenai", VERSION, "genai_config.json", build_model)
+    speculative = write_speculative(target, draft, target.parent / "speculative")
+    return {"target": target, "draft": draft, "speculative": speculative}
 
 
 def engine_settings(method: str, k: int = 4) -> dict:
@@ -221,11 +169,6 @@ class OrtGenaiConfig:
         return sample(prompt, n, length, self, generator)
 
 
-def job(prompt: torch.Tensor, seeds: list[int], length: int, sampling: SamplingConfig) -> dict:
-    return {"prompt_ids": prompt.tolist(), "seeds": seeds, "length": length, "temperature": sampling.temperature,
-            "top_p": sampling.top_p, "top_k": sampling.top_k}
-
-
 def sample(prompt: torch.Tensor, n: int, length: int, config: OrtGenaiConfig,
            generator: torch.Generator) -> SampleResult:
     """Draw ``n`` continuations of exactly ``length`` tokens (jobs of ≤ ``config.job_size`` requests).
@@ -241,16 +184,13 @@ def sample(prompt: torch.Tensor, n: int, length: int, config: OrtGenaiConfig,
     bar = tqdm(total=n, desc=f"ORT GenAI {config.method}", unit="samples", leave=False, disable=not config.progress)
     while len(rows) < n:
         seeds = distinct_seeds(generator, min(config.job_size, n - len(rows)), SEED_HIGH)
-        reply = engine.ask(job(prompt, seeds, length, config.sampling), timeout=600)
+        reply = engine.ask(sampling_job(prompt, seeds, length, config.sampling), timeout=600)
         totals["engine_seconds"] += reply["engine_seconds"]
-        totals["engine_errors"] += len(reply["errors"])
-        for error in reply["errors"]:
-            add_counts(totals, {f"{ERROR_PREFIX}{error['message']}": 1})
+        count_errors(totals, reply["errors"])
         if not reply["tokens"]:
             raise OrtGenaiError(f"ONNX Runtime GenAI raised on every request of a job: {reply['errors'][0]['message']}")
-        for ids, stats in zip(reply["tokens"], reply["stats"]):
-            if len(ids) != length:
-                raise OrtGenaiError(f"ONNX Runtime GenAI returned {len(ids)} tokens, asked for exactly {length}")
+        check_lengths(reply["tokens"], length, ENGINE)
+        for stats in reply["stats"]:
             add_counts(totals, stats)
             add_counts(totals, positions_from_stats(stats, length))
         rows += reply["tokens"]
@@ -263,26 +203,19 @@ def sample(prompt: torch.Tensor, n: int, length: int, config: OrtGenaiConfig,
 
 
 def greedy_tokens(method: str, prompt: torch.Tensor, length: int, k: int = 4) -> list[int]:
-    """ONNX Runtime GenAI's greedy (T = 0) continuation of ``prompt`` with ``method``."""
-    reply = worker(engine_settings(method, k)).ask(job(prompt, [0], length, SamplingConfig(temperature=0.0)))
+    """ONNX Runtime GenAI's greedy (T = 0) continuation of ``prompt`` ((P,) ids) with ``method``: ``length`` ids."""
+    reply = worker(engine_settings(method, k)).ask(sampling_job(prompt, [0], length, SamplingConfig(temperature=0.0)))
     if reply["errors"]:
         raise OrtGenaiError(f"ONNX Runtime GenAI raised: {reply['errors'][0]['message']}")
     return reply["tokens"][0]
 
 
 def greedy_check(method: str, prompt: torch.Tensor, length: int, k: int = 4) -> dict:
-    """Greedy tokens of ``method`` against ONNX Runtime GenAI's own non-speculative greedy tokens."""
-    reference = greedy_tokens("none", prompt, length)
-    speculative = reference if method == "none" else greedy_tokens(method, prompt, length, k)
-    return {"reference": reference, "speculative": speculative, "identical": reference == speculative,
-            "first_difference": first_difference(reference, speculative)}
+    """Greedy tokens of ``method`` against ONNX Runtime GenAI's own non-speculative greedy tokens
+    (:func:`specdec_lab.adapters.worker.greedy_check`)."""
+    return compare_greedy(lambda m: greedy_tokens(m, prompt, length, k), method)
 
 
 def greedy_identity(pair, prompts: list[str], length: int = 32) -> list[dict]:
     """The converted target's greedy tokens (no speculation) against our target's argmax decode, one row per prompt."""
-    rows = []
-    for text in prompts:
-        ids = pair.encode(text)
-        ours, theirs = greedy_decode(pair, ids, length), greedy_tokens("none", ids, length)
-        rows.append({"prompt": text, "identical": ours == theirs, "first_difference": first_difference(ours, theirs)})
-    return rows
+    return compare_identity(pair, prompts, length, lambda ids, n: greedy_tokens("none", ids, n))

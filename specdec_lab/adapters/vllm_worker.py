@@ -4,8 +4,9 @@ Started by :mod:`specdec_lab.adapters.vllm` as ``.venv-vllm/bin/python -P vllm_w
 (by file path, so it never imports ``specdec_lab`` and its pins; ``-P`` keeps this folder, whose
 ``vllm.py`` is the adapter, off ``sys.path``). ``ENGINE_JSON`` holds the keyword
 arguments of ``vllm.LLM`` (model, speculative_config, seed, dtype, ...); ``--tools`` in its place starts
-a worker without an engine. The worker builds its engine, then answers jobs: one JSON line per job on stdin, one JSON line per reply on its reply
-channel (the stdout it was started with; vLLM's own prints and logs are sent to stderr).
+a worker without an engine. The worker builds its engine, then answers jobs in the JSON-lines loop of
+:mod:`~specdec_lab.adapters.worker_loop` (one line per job on stdin, one per reply; vLLM's own prints and logs go to
+stderr).
 
 Job: ``{"prompt_ids": [...], "seeds": [...], "n_per_request": n, "length": L, "temperature": T,
 "top_p": P, "top_k": K}``: one request per seed, each with ``n`` completions of exactly L tokens
@@ -21,10 +22,14 @@ seeded request its own ``torch.Generator`` (``gpu_model_runner.py``: ``generator
 The caller therefore sends seeds on a lattice of step n, so the blocks [s, s + n) never overlap.
 """
 
-import json
 import os
+import runpy
 import sys
 import time
+from pathlib import Path
+
+# the shared request loop, loaded by path: this folder is not on sys.path here (worker_loop's docstring)
+serve = runpy.run_path(str(Path(__file__).with_name("worker_loop.py")))["serve"]
 
 SPEC_COUNTERS = {"vllm:spec_decode_num_drafts": "draft_steps",
                  "vllm:spec_decode_num_draft_tokens": "draft_tokens",
@@ -73,7 +78,7 @@ def run_job(llm, job: dict) -> dict:
 def parse_command(argv: list) -> dict:
     """Parse one command line with vLLM's own CLI parser: ``vllm serve ...`` through the ``serve``
     subcommand's parser, then ``EngineArgs.from_cli_args``; ``python -m vllm.entrypoints.openai.api_server
-    ...`` (the pre-2025 entry point) through the same argument set. Returns the parsed engine
+    ...`` (the older entry point) through the same argument set. Returns the parsed engine
     settings, or vLLM's own error message."""
     import argparse
     import contextlib
@@ -261,69 +266,40 @@ TOOLS = {"parse": lambda job: {"parsed": [parse_command(argv) for argv in job["c
          "rejection_kernel": rejection_kernel}
 
 
-def answer(llm, job: dict) -> dict:
-    """A tool job (``{"tool": name, ...}``: vLLM's parser or sampler pieces, no engine needed) or a sampling job."""
-    if "tool" in job:
-        return TOOLS[job["tool"]](job)
-    if llm is None:
-        return {"error": "this worker holds no engine (started with --tools)"}
-    return run_job(llm, job)
-
-
-def main() -> int:
-    reply = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # everything vLLM prints goes to stderr; the reply channel carries only JSON lines
-    llm = None
-    if sys.argv[1] != "--tools":
-        llm = start_engine(json.loads(sys.argv[1]), reply)
-        if llm is None:
-            return 2
-    import vllm
-
-    reply.write(json.dumps({"ready": True, "vllm_version": vllm.__version__}) + "\n")
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        try:
-            result = answer(llm, json.loads(line))
-        except Exception as exc:
-            result = {"error": f"{type(exc).__name__}: {exc}"}
-        reply.write(json.dumps(result) + "\n")
-    reply.flush()
-    os._exit(0)  # stdin closed: leave without vLLM's engine shutdown, which can hang in a worker
-
-
-def start_engine(engine: dict, reply):
-    """``vllm.LLM(**engine)``, or None after writing vLLM's own refusal (or a changed method) to the reply channel.
+def start_engine(engine: dict):
+    """``vllm.LLM(**engine)``; raises vLLM's own refusal, or a changed method.
 
     vLLM 0.32 rewrites the asked method from the draft's path: any method but eagle/eagle3/dflash/dspark
     becomes ``eagle3`` when the path contains "eagle3" and ``eagle`` when it contains "eagle-", parent
     folders included (``vllm/config/speculative.py``, "Automatically detect the method"). A row would
     then be labelled with a method vLLM did not run, so that is refused here, from vLLM's own resolved config."""
-    try:
-        patch = engine.pop("specdec_lab_patch", None)
-        if patch is not None:  # an opt-in fix of ours (specdec_lab/patches), loaded by path: stdlib, torch, vLLM only
-            import importlib.util
+    patch = engine.pop("specdec_lab_patch", None)
+    if patch is not None:  # an opt-in fix of ours (specdec_lab/patches), loaded by path: stdlib, torch, vLLM only
+        import importlib.util
 
-            spec = importlib.util.spec_from_file_location("specdec_lab_patch", patch)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            print(f"specdec-lab patch applied: {module.apply()}", file=sys.stderr)
-        from vllm import LLM
-        from vllm.engine.arg_utils import EngineArgs
+        spec = importlib.util.spec_from_file_location("specdec_lab_patch", patch)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        print(f"specdec-lab patch applied: {module.apply()}", file=sys.stderr)
+    from vllm import LLM
+    from vllm.engine.arg_utils import EngineArgs
 
-        spec = engine.get("speculative_config") or {}
-        if spec.get("method") is not None:
-            ran = EngineArgs(**engine).create_engine_config().speculative_config.method
-            if ran != spec["method"]:
-                raise ValueError(f"vLLM changed the speculative method {spec['method']!r} to {ran!r}: it detects the "
-                                 f"method from substrings of the draft's path {spec.get('model')!r} "
-                                 "(vllm/config/speculative.py); use a path without 'eagle3' / 'eagle-'")
-        return LLM(**engine)
-    except Exception as exc:
-        reply.write(json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n")
-        return None
+    spec = engine.get("speculative_config") or {}
+    if spec.get("method") is not None:
+        ran = EngineArgs(**engine).create_engine_config().speculative_config.method
+        if ran != spec["method"]:
+            raise ValueError(f"vLLM changed the speculative method {spec['method']!r} to {ran!r}: it detects the "
+                             f"method from substrings of the draft's path {spec.get('model')!r} "
+                             "(vllm/config/speculative.py); use a path without 'eagle3' / 'eagle-'")
+    return LLM(**engine)
+
+
+def version() -> dict:
+    import vllm
+
+    return {"vllm_version": vllm.__version__}
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # stdin closed: leave without vLLM's engine shutdown, which can hang in a worker
+    os._exit(serve(start_engine, run_job, version, TOOLS))
