@@ -323,7 +323,8 @@ def audit_table(results: list[AuditResult]) -> pd.DataFrame:
 def audit_llama_speculative(n: int, length: int, out: Path, sampling: SamplingConfig = SamplingConfig(),
                             seed: int = 0, prompt: str = DEFAULT_PROMPT, tolerance: float = 0.02) -> AuditResult:
     """Audit llama.cpp's ``llama-speculative`` on the bundled pair (one process per sample)."""
-    from specdec_lab.adapters.llamacpp import SpeculativeTool, bundled_ggufs
+    from specdec_lab.adapters.llamacpp_build import bundled_ggufs
+    from specdec_lab.adapters.llamacpp_speculative import SpeculativeTool
     from specdec_lab.models import load_pair
 
     with bundled_ggufs() as (target, draft):

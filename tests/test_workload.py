@@ -266,7 +266,7 @@ def test_jobs_interleave_cells_with_distinct_seeds():
 
 def test_unreachable_server_gives_errors_not_silence(pair, tmp_path):
     """Transport failures are retried, then counted per cell; no cell gets samples."""
-    from specdec_lab.adapters.llamacpp import free_port
+    from specdec_lab.adapters.loopback import free_port
 
     w = parse_workload({"cells": PLANTED["cells"][:2]})
     run = WorkloadRun(f"http://127.0.0.1:{free_port()}", tmp_path / "down", 5, speculative=False,
@@ -316,12 +316,12 @@ def test_llama_server_default_workload_end_to_end(tmp_path):
     """`specdec-lab audit workload --serve-bundled llama-server` on the default workload (40 samples a cell):
     every cell answered, token 2 drafted in every n = 1 request (timings.draft_n), and each request's
     accepted draft is exactly the draft model's greedy proposal."""
-    from specdec_lab.adapters import llamacpp
+    from specdec_lab.adapters import llamacpp_build
 
     try:
-        llamacpp.engine_binary("llama-server")
-        if not (llamacpp.converter_dir() / "convert_hf_to_gguf.py").exists():
-            raise FileNotFoundError(f"llama.cpp's converter is not at {llamacpp.converter_dir()}")
+        llamacpp_build.engine_binary("llama-server")
+        if not (llamacpp_build.converter_dir() / "convert_hf_to_gguf.py").exists():
+            raise FileNotFoundError(f"llama.cpp's converter is not at {llamacpp_build.converter_dir()}")
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
     out = tmp_path / "ls"

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 
+import pandas as pd
+
 from specdec_lab.bench.jobs import LONG
 from specdec_lab.bench.measure import BenchConfig
 

@@ -206,6 +206,7 @@ def cmd_audit(args) -> int:
     """Run one audit from the command line; the exit status of :func:`_write_results`."""
     from specdec_lab.adapters import llamacpp
     from specdec_lab.adapters import vllm as vllm_adapter
+    from specdec_lab.adapters import vllm_serve
     from specdec_lab.models import pair_from_args
 
     if args.kind == "vllm" and args.temperature == 0:
@@ -237,8 +238,8 @@ def cmd_audit(args) -> int:
             if not args.base_url or not args.model:
                 raise ValueError("give --base-url and --model, or --serve-bundled")
         if args.kind == "vllm" and args.serve:
-            server = stack.enter_context(vllm_adapter.served(args.method, args.k, args.head, patch=args.patch))
-            sampler = vllm_adapter.endpoint_config(server, sampling, args.method, args.k, args.n_per_request,
+            server = stack.enter_context(vllm_serve.served(args.method, args.k, args.head, patch=args.patch))
+            sampler = vllm_serve.endpoint_config(server, sampling, args.method, args.k, args.n_per_request,
                                                    args.concurrency, progress=not args.quiet, patch=args.patch)
         else:
             sampler = _sampler_from_args(args, sampling)

@@ -144,7 +144,7 @@ def cmd_workload(args) -> int:
         base_url, reference_url, speculative = args.base_url, args.reference_url, args.speculative != "no"
         model = args.model or "target"
         if on_vllm:
-            from specdec_lab.adapters import vllm
+            from specdec_lab.adapters import vllm_serve as vllm
 
             method = args.serve_bundled.removeprefix("vllm-")
             served = stack.enter_context(vllm.served(method, patch=args.patch))

@@ -81,11 +81,11 @@ def engine_missing(engine: str) -> str | None:
 
             vllm.vllm_python()
         elif engine == "llama.cpp":
-            from specdec_lab.adapters import llamacpp
+            from specdec_lab.adapters import llamacpp_build
 
-            llamacpp.engine_binary("llama-server")
-            if not llamacpp.converter_dir().exists():
-                raise FileNotFoundError(f"llama.cpp's GGUF converter is missing ({llamacpp.converter_dir()}); "
+            llamacpp_build.engine_binary("llama-server")
+            if not llamacpp_build.converter_dir().exists():
+                raise FileNotFoundError(f"llama.cpp's GGUF converter is missing ({llamacpp_build.converter_dir()}); "
                                         "run `make .venv/.audit-installed` (part of `make test`)")
         elif engine == "openvino":
             from specdec_lab.adapters import openvino

@@ -6,11 +6,22 @@ A cell is anything with ``prompt``, ``stop`` and ``chain(order)`` (:class:`specd
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 import torch
 
 from specdec_lab.laws.target import two_token_logits
-from specdec_lab.sampling import chain_probs
+from specdec_lab.sampling import ChainConfig, chain_probs
+
+
+class Cell(Protocol):
+    """What a law needs of a workload cell (:class:`specdec_lab.workload.cells.Cell`)."""
+
+    prompt: str
+    stop: tuple
+
+    def chain(self, order: str) -> ChainConfig: ...
 
 
 class LawBook:
