@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 CORE_STAMP := $(VENV)/.core-installed
 STAMP := $(VENV)/.installed
 
-.PHONY: verify test bench coverage train train-medusa train-eagle train-eagle3 clean-venv notebooks notebooks-render lab browser llama-cpp vllm openvino ortgenai
+.PHONY: docs verify test bench coverage train train-medusa train-eagle train-eagle3 clean-venv notebooks notebooks-render lab browser llama-cpp vllm openvino ortgenai
 
 $(CORE_STAMP): requirements-core.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,11 @@ $(STAMP): requirements.txt $(CORE_STAMP)
 
 verify: $(CORE_STAMP)
 	$(BIN)/specdec-lab verify $(ARGS)
+
+# Rewrite the tables the README and docs quote from the committed results/ files (between <!-- results: ... -->
+# markers; tests/test_docs.py fails when a page and its file disagree). A new run: copy its results.json into results/.
+docs: $(CORE_STAMP)
+	$(BIN)/python -m specdec_lab.report.docs
 
 # Throughput vs HF generate / assisted generation, work per token, batch-1 latency, peak RSS
 # (about 10 min on 2 cores; writes reports/bench/<timestamp>/bench.{md,json}). ARGS="--quick" for a smoke run,

@@ -2,7 +2,7 @@
 
 p is the target, q the draft (Leviathan et al. 2023); the law of what the sampler emits is called ``out``.
 Everything here is small enough to read: :func:`proof_lines` writes the proof with the numbers put in,
-:func:`library_law` asks :mod:`specdec_lab.exact` for the same law through the rule the samplers run
+:func:`library_law` asks :mod:`specdec_lab.laws` for the same law through the rule the samplers run
 (:data:`specdec_lab.samplers.rules.LEVIATHAN`), and :func:`explorer` is the interactive version.
 
 >>> out = library_law(P, Q)
