@@ -46,7 +46,7 @@ ONNX Runtime GenAI          per request: its ``get_speculative_stats`` (rounds, 
 
 Where the counters cannot attribute drafts to a position (a longer window on a counters-only
 engine), no share is claimed, and a speculative row that the suite finds equivalent is reported
-**inconclusive (drafting not exercised)**, as it is when its best bounded position was drafted in
+**inconclusive (drafting not exercised)** (:func:`specdec_lab.verdicts.require_drafting`), as it is when its best bounded position was drafted in
 fewer than half of the samples (:data:`MIN_DRAFTED_SHARE`). A rejected row stays rejected: a wrong
 law is a finding whether or not the drafting is attributed.
 """
@@ -57,7 +57,6 @@ from dataclasses import dataclass
 
 BOUNDED = (1, 2)  # positions whose joint law the engine verdict bounds (the suite's two-token joint bound)
 MIN_DRAFTED_SHARE = 0.5  # below it a speculative row cannot be equivalent
-NOT_EXERCISED = "inconclusive (drafting not exercised)"
 UNATTRIBUTED = ("the engine's counters do not say which positions were drafted in this run (aggregate counters "
                 "attribute drafts to token 2 only in a short window: L = 2 for vLLM, L <= 3 for llama-server)")
 # How an engine's aggregate counters map to position 2, by rule name (see position_two_from_counters)
@@ -238,17 +237,3 @@ def counter_source(described: dict) -> str:
     if "llama-speculative" in kind:
         return "llama-speculative's log of draft tokens accepted/rejected"
     return "the sampler's own counts"
-
-
-def engine_verdict(suite_verdict: str, drafting: Drafting) -> str:
-    """The row's verdict: the suite's, except that an *equivalent* speculative row whose bounded
-    positions were not shown to be drafted in at least half of its samples is :data:`NOT_EXERCISED`.
-
-    >>> engine_verdict("equivalent", Drafting(True, share=0.4, position=2))
-    'inconclusive (drafting not exercised)'
-    >>> engine_verdict("rejected", Drafting(True)), engine_verdict("equivalent", Drafting(False))
-    ('rejected', 'equivalent')
-    """
-    if suite_verdict == "equivalent" and not drafting.exercised:
-        return NOT_EXERCISED
-    return suite_verdict

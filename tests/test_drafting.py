@@ -14,11 +14,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
-from specdec_lab import drafting
+from specdec_lab import drafting, verdicts
 from specdec_lab.adapters.endpoint import EndpointConfig
 from specdec_lab.audit import audit
-from specdec_lab.sampling import SamplingConfig
 from specdec_lab.laws import two_token_law
+from specdec_lab.sampling import SamplingConfig
 from specdec_lab.suite import SuiteSettings
 
 PROMPT = "HAMLET."  # token 1 concentrated (p = 0.995), token 2 broad: the joint bound is cheap
@@ -34,19 +34,19 @@ class TestRule:
     @pytest.mark.parametrize("suite_verdict, drafted, expected", [
         ("equivalent", {"drafted@2": 60, "accepted@2": 10}, "equivalent"),
         ("equivalent", {"drafted@2": 50, "accepted@2": 10}, "equivalent"),  # exactly half
-        ("equivalent", {"drafted@2": 49, "accepted@2": 10}, drafting.NOT_EXERCISED),
-        ("equivalent", {"drafted@1": 0, "drafted@2": 0}, drafting.NOT_EXERCISED),
-        ("equivalent", {}, drafting.NOT_EXERCISED),  # counters that do not attribute
+        ("equivalent", {"drafted@2": 49, "accepted@2": 10}, verdicts.NOT_EXERCISED),
+        ("equivalent", {"drafted@1": 0, "drafted@2": 0}, verdicts.NOT_EXERCISED),
+        ("equivalent", {}, verdicts.NOT_EXERCISED),  # counters that do not attribute
         ("rejected", {"drafted@2": 0}, "rejected"),  # a wrong law is a finding either way
         ("inconclusive", {"drafted@2": 100}, "inconclusive"),
     ])
     def test_speculative_rows(self, suite_verdict, drafted, expected):
         evidence = drafting.drafting_evidence(drafted, 100, speculative=True)
-        assert drafting.engine_verdict(suite_verdict, evidence) == expected
+        assert verdicts.require_drafting(suite_verdict, evidence.exercised) == expected
 
     def test_reference_row_needs_no_drafting(self):
         evidence = drafting.drafting_evidence({}, 100, speculative=False)
-        assert drafting.engine_verdict("equivalent", evidence) == "equivalent"
+        assert verdicts.require_drafting("equivalent", evidence.exercised) == "equivalent"
         assert evidence.columns()["drafted share"] == "no speculation"
 
     def test_best_bounded_position_counts(self):
@@ -150,7 +150,7 @@ def test_correct_engine_drafting_too_rarely_is_inconclusive(pair, tmp_path, laws
     result = run_fake(pair, tmp_path, laws, share=0.3)
     row = result.summary()
     assert result.suite.verdict == "equivalent"  # the law is right ...
-    assert row["verdict"] == drafting.NOT_EXERCISED and not row["correct call"]  # ... but drafting was not shown
+    assert row["verdict"] == verdicts.NOT_EXERCISED and not row["correct call"]  # ... but drafting was not shown
 
 
 def test_planted_fault_at_token_two_only_rejected_while_token_one_clean(pair, tmp_path, laws):

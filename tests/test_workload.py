@@ -347,3 +347,93 @@ def test_llama_server_default_workload_end_to_end(tmp_path):
                 context = torch.cat([ids, torch.tensor([int(tokens[0])])])[None]
                 proposal = int(pair.draft(context).logits[0, -1, : pair.vocab_size].argmax())
             assert (proposal == int(tokens[1])) == (accepted == 1)
+
+
+# ------------------------------------------------------------------------------------------ exit status, coupling, looks
+
+TWO_CELLS = {"name": "two", "max_tokens": 3, "cells": [
+    {"name": "t1", "prompt": "HAMLET."},
+    {"name": "rep", "prompt": "ROMEO:\n", "repetition_penalty": 1.3, "temperature": 0.7}]}
+
+
+def workload_file(tmp_path, spec: dict) -> Path:
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def test_inconclusive_exits_3_never_0(pair, tmp_path):
+    """A lossless server at 60 samples a cell: nothing rejected, nothing certified — exit 3, and results.json says so."""
+    from specdec_lab.cli import main
+
+    with served(pair, BatchServerConfig()) as server:
+        code = main(["audit", "workload", "--base-url", server.base_url, "--workload",
+                     str(workload_file(tmp_path, TWO_CELLS)), "--samples", "60", "--out", str(tmp_path / "out"),
+                     "--quiet"])
+    record = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert code == 3 == record["exit_status"]
+    assert [row["verdict"] for row in record["rows"]] == ["inconclusive"] * 2
+    assert {"sampler", "m", "tv_upper", "verdict", "endings_counts", "confidence"} <= set(record["rows"][0])
+
+
+def test_coupling_certifies_a_replaying_server_in_a_few_hundred_requests(pair, tmp_path):
+    """Two lossless servers that replay a seed's sample: same-seed outcomes never differ, so 400 pairs per cell certify
+    TV(server, reference) <= 0.02 by coupling (simultaneously over the two cells), exit 0; the exact-mode bounds at
+    400 samples are far from it."""
+    from specdec_lab.cli import main
+
+    with served(pair, BatchServerConfig()) as server, served(pair, BatchServerConfig()) as reference:
+        code = main(["audit", "workload", "--base-url", server.base_url, "--reference-url", reference.base_url,
+                     "--workload", str(workload_file(tmp_path, TWO_CELLS)), "--samples", "400",
+                     "--out", str(tmp_path / "out"), "--quiet"])
+    two = pd.read_csv(tmp_path / "out" / "two-sample.csv")
+    exact = pd.read_csv(tmp_path / "out" / "verdicts.csv")
+    assert code == 0, two.to_string()
+    assert (two["route"] == "coupling").all() and (two["mismatches"] == 0).all() and (two["pairs"] == 400).all()
+    assert (two["TV upper"] <= 0.02).all() and (two["verdict"] == "equivalent").all()
+    assert (exact["TV upper"] > 0.05).all()  # what the exact mode certifies from the same 400 samples
+
+
+def test_coupling_never_certifies_a_server_that_differs(pair, tmp_path):
+    """The leaky server against a lossless reference on a mixed group: its mixed cells mismatch their reference, the
+    coupling bound stays above ε, and the exact mode rejects (exit 1)."""
+    from specdec_lab.cli import main
+
+    mixed = {"max_tokens": 3, "cells": [c for c in PLANTED["cells"] if c["name"] in ("mixed-t1", "mixed-t07")]}
+    with served(pair, BatchServerConfig(leak_temperature=True)) as server, \
+            served(pair, BatchServerConfig()) as reference:
+        code = main(["audit", "workload", "--base-url", server.base_url, "--reference-url", reference.base_url,
+                     "--workload", str(workload_file(tmp_path, mixed)), "--samples", "300",
+                     "--out", str(tmp_path / "out"), "--quiet"])
+    two = pd.read_csv(tmp_path / "out" / "two-sample.csv")
+    assert code == 1
+    assert (two["mismatches"] > 30).all() and (two["coupling TV upper"] > 0.02).all(), two.to_string()
+
+
+def test_until_decided_stops_rejected_cells_early(pair, tmp_path):
+    """The leaky server under --until-decided: its mixed cells are rejected by the e-process within a few rounds and
+    get no more requests; a same-temperature cell goes on until the budget is spent."""
+    w = parse_workload({"max_tokens": 3, "cells": [c for c in PLANTED["cells"] if c["name"] in MIXED | {"same-a"}]})
+    with served(pair, BatchServerConfig(leak_temperature=True)) as server:
+        run = WorkloadRun(server.base_url, tmp_path / "seq", 100, speculative=False, round_requests=50,
+                          client=ClientSettings(concurrency=8, progress=False), server_metrics=False)
+        found = audit_workload(pair, w, run, budget=600)
+    results = {r.cell.name: r for r in found["results"]}
+    for name in ("mixed-t1", "mixed-greedy"):  # the greedy rows' T = 0 leaks into T = 1 rows and back
+        assert results[name].verdict == "rejected" and results[name].rejected_by == "the e-process"
+        assert results[name].requests <= 150, results[name].requests  # decided within three rounds
+    assert results["same-a"].requests > results["mixed-t1"].requests  # the undecided cell kept going
+    assert sum(r.requests for r in found["results"]) <= 600
+    looks = json.loads((tmp_path / "seq" / "looks.json").read_text())["looks"]
+    assert looks["same-a"] > looks["mixed-t1"] >= 1
+
+
+def test_spending_keeps_the_error_rate_under_resumption():
+    """Σ_k α · 6/(π² k²) = α: a run looked at any number of times rejects a correct server with probability <= α
+    (the union bound); the first look keeps 6/π² of it."""
+    from specdec_lab.workload.sequential import LookLedger, spent
+
+    assert sum(spent(0.01, k) for k in range(1, 10_000)) < 0.01
+    assert spent(0.01, 1) == pytest.approx(0.01 * 6 / np.pi ** 2)
+    with pytest.raises(ValueError):
+        spent(0.01, 0)

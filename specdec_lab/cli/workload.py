@@ -215,7 +215,8 @@ def report(args, pair, workload, suite: SuiteSettings, found: dict, reference: d
     status = verdicts.exit_status(r.verdict for r in rows)
     if reference is not None:
         two = two_sample_results(workload, found["frames"], reference["frames"], suite,
-                                 pair.tokenizer.eos_token_id, np.random.default_rng(args.seed))
+                                 pair.tokenizer.eos_token_id, np.random.default_rng(args.seed),
+                                 look=max(r.look for r in found["results"]))
         ref_bound = {r.cell.name: r.tv_upper for r in reference["results"]}
         two["TV(server, p) upper"] = [row["TV upper"] + ref_bound[row["cell"]] for _, row in two.iterrows()]
         print(f"\ntwo-sample mode: TV(server, reference) per cell, simultaneous at {suite.confidence:.0%} (route: "

@@ -20,6 +20,8 @@ reference) + TV(reference, p) (the triangle inequality), at the two bounds' join
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 
@@ -27,6 +29,7 @@ from specdec_lab import stats, verdicts
 from specdec_lab.suite import SuiteSettings
 from specdec_lab.workload.cells import Cell, Workload
 from specdec_lab.workload.judge import token_outcome
+from specdec_lab.workload.sequential import spent
 
 COUPLING, TWO_SAMPLE = "coupling", "two-sample"
 
@@ -76,10 +79,12 @@ def compare_cell(cell: Cell, a: pd.Series, b: pd.Series, confidence: float, n_re
 
 
 def two_sample_results(workload: Workload, frames: dict, reference: dict, settings: SuiteSettings, eos: int | None,
-                       rng: np.random.Generator) -> pd.DataFrame:
+                       rng: np.random.Generator, look: int = 1) -> pd.DataFrame:
     """Per cell: TV(server, reference) certified by coupling or two-sample bounds, simultaneous over the cells at
-    ``settings.confidence``; Holm across cells on the closeness tests; the verdict (:mod:`specdec_lab.verdicts`)."""
-    confidence = 1.0 - (1.0 - settings.confidence) / max(1, len(workload.cells))
+    ``settings.confidence`` spent for look ``look`` (:func:`specdec_lab.workload.sequential.spent`); Holm across
+    cells on the closeness tests at the spent α; the verdict (:mod:`specdec_lab.verdicts`)."""
+    confidence = 1.0 - spent(1.0 - settings.confidence, look) / max(1, len(workload.cells))
+    settings = replace(settings, alpha=spent(settings.alpha, look))
     rows = []
     for cell in workload.cells:
         request_tokens = cell.request_tokens(workload.max_tokens)
@@ -91,6 +96,7 @@ def two_sample_results(workload: Workload, frames: dict, reference: dict, settin
     table["Holm p"] = np.nan
     if judged.any():
         table.loc[judged, "Holm p"] = stats.holm(table.loc[judged, "closeness p"].tolist(), settings.alpha).adjusted
+    table["look"] = look
     table["verdict"] = [verdicts.engine_row(refused=None, m=int(min(r["m"], r["m reference"])), holm_p=r["Holm p"],
                                             tv_upper=r["TV upper"], alpha=settings.alpha,
                                             tolerance=settings.tolerance)
