@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from specdec_lab import __version__
 from specdec_lab.sampling import make_generator
-from specdec_lab.samplers.naive import merge_stats
+from specdec_lab.samplers.protocol import merge_stats
 
 META_KEY = b"specdec_lab"
 

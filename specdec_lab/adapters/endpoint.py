@@ -56,7 +56,7 @@ from tqdm.auto import tqdm
 from specdec_lab.adapters.seeds import distinct_seeds
 from specdec_lab.drafting import COUNTER_RULES
 from specdec_lab.sampling import SamplingConfig
-from specdec_lab.samplers.naive import SampleResult, check_request
+from specdec_lab.samplers.protocol import SampleResult, check_request
 
 # llama.cpp's sampler chain applies these unless told otherwise (llama-cpp-python server defaults:
 # top_k 40, min_p 0.05, repeat_penalty 1.1); the neutral values leave the model's law untouched.

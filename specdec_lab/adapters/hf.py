@@ -44,7 +44,7 @@ import torch
 from tqdm.auto import tqdm
 
 from specdec_lab.sampling import SamplingConfig
-from specdec_lab.samplers.naive import SampleResult, check_request
+from specdec_lab.samplers.protocol import SampleResult, check_request
 
 MODES = {
     "assisted": "generate(assistant_model=draft, do_sample=True): Leviathan/Chen rejection sampling",

@@ -63,7 +63,7 @@ class SpeculativeTool:
         from specdec_lab.adapters.endpoint import SEED_RANGE
         from specdec_lab.adapters.seeds import distinct_seeds
         from specdec_lab.drafting import add_positions
-        from specdec_lab.samplers.naive import SampleResult, check_request
+        from specdec_lab.samplers.protocol import SampleResult, check_request
 
         check_request(prompt, n, length)
         text = pair.decode(prompt.tolist())

@@ -43,7 +43,7 @@ from specdec_lab.adapters.worker import (REPO, Engine, EngineError, add_counts, 
                                          count_errors, engine_python, greedy_check as compare_greedy,
                                          greedy_identity as compare_identity, sampling_job)
 from specdec_lab.sampling import SamplingConfig
-from specdec_lab.samplers.naive import SampleResult, check_request
+from specdec_lab.samplers.protocol import SampleResult, check_request
 
 VERSION = "2026.4.1.0"  # openvino-genai, pinned in requirements-openvino.txt
 REQUIREMENTS = REPO / "requirements-openvino.txt"

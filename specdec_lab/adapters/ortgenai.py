@@ -39,7 +39,7 @@ from specdec_lab.adapters.worker import (REPO, Engine, EngineError, add_counts, 
                                          count_errors, engine_python, greedy_check as compare_greedy,
                                          greedy_identity as compare_identity, sampling_job)
 from specdec_lab.sampling import SamplingConfig
-from specdec_lab.samplers.naive import SampleResult, check_request
+from specdec_lab.samplers.protocol import SampleResult, check_request
 
 VERSION = "0.18.0"  # onnxruntime-genai, pinned in requirements-ortgenai.txt
 REQUIREMENTS = REPO / "requirements-ortgenai.txt"

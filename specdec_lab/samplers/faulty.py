@@ -193,7 +193,7 @@ class OverlappingStreams:
 
     def draw(self, pair, prompt, n, length, generator):
         from specdec_lab.sampling import make_generator
-        from specdec_lab.samplers.naive import SampleResult, merge_stats
+        from specdec_lab.samplers.protocol import SampleResult, merge_stats
 
         requests = self.request_seeds(generator.initial_seed(), n)
         drawn = {request: self.base.draw(pair, prompt, request[1], length, make_generator(request[0], pair.device))

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from specdec_lab.models import BUNDLED_DIR, ModelLoadError, verify_manifest
 from specdec_lab.sampling import SamplingConfig, sample, to_probs
-from specdec_lab.samplers.naive import CHUNK, SampleResult, check_request, in_chunks
+from specdec_lab.samplers.protocol import CHUNK, SampleResult, check_request, in_chunks
 from specdec_lab.samplers.faulty import TREE_FAULTY
 from specdec_lab.samplers.rules import Law, Mode, accept_ratio, residual_positive_part
 from specdec_lab.samplers.tree import Tree, TreeDecoder, chain

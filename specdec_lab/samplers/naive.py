@@ -8,7 +8,7 @@ import torch
 
 from specdec_lab.sampling import SamplingConfig, sample, to_probs
 from specdec_lab.samplers.decoder import Decoder
-from specdec_lab.theory import expected_tokens_per_pass
+from specdec_lab.samplers.protocol import CHUNK, SampleResult, check_request, in_chunks
 
 
 @dataclass(frozen=True)
@@ -18,62 +18,8 @@ class NaiveConfig:
     def describe(self) -> dict:
         return {"sampler": "naive", **self.sampling.describe()}
 
-    def draw(self, pair, prompt, n, length, generator) -> "SampleResult":
+    def draw(self, pair, prompt, n, length, generator) -> SampleResult:
         return sample_naive(pair, prompt, n, length, self, generator)
-
-
-CHUNK = 1024  # chains per forward batch: the fastest size on 2 CPU cores; larger on a GPU
-
-
-@dataclass
-class SampleResult:
-    """Samples of one sampler: tokens (N, L) and, where asked, the per-step laws (N, L, V)."""
-
-    tokens: torch.Tensor
-    probs: torch.Tensor | None = None
-    stats: dict | None = None
-
-
-RATES = ("acceptance", "tokens_per_target_pass", "theory_tokens_per_target_pass")
-
-
-def speculative_rates(counts: dict) -> dict:
-    """Acceptance α (accepted / evaluated drafts), tokens per target pass over the steps that drafted
-    all K tokens (a chain's last steps draft fewer, see ``speculative.draft_lengths``; NaN when no
-    step did), and the theory's (1 − α^{K+1})/(1 − α) at that α (Leviathan et al.)."""
-    alpha = counts["accepted_drafts"] / max(1, counts["evaluated_drafts"])
-    full = counts["full_steps"]
-    return {**counts, "acceptance": alpha,
-            "tokens_per_target_pass": counts["full_emitted_tokens"] / full if full else float("nan"),
-            "theory_tokens_per_target_pass": expected_tokens_per_pass(alpha, counts["k"])}
-
-
-def merge_stats(per_chunk: list[dict]) -> dict:
-    """Sum the counts of several runs; rates are recomputed from the summed counts."""
-    if not per_chunk or not per_chunk[0]:
-        return {}
-    keys = dict.fromkeys(key for s in per_chunk for key in s)  # a count a chunk lacks is 0 there
-    merged = {key: sum(s.get(key, 0) for s in per_chunk) for key in keys if key not in RATES and key != "k"}
-    if "k" in per_chunk[0]:
-        merged["k"] = per_chunk[0]["k"]
-    return speculative_rates(merged) if "accepted_drafts" in merged else merged
-
-
-def in_chunks(draw, n: int, chunk: int) -> SampleResult:
-    """Run ``draw(size)`` over chunks of at most ``chunk`` chains and concatenate the results."""
-    if n <= chunk:
-        return draw(n)
-    sizes = [min(chunk, n - start) for start in range(0, n, chunk)]
-    parts = [draw(size) for size in sizes]
-    probs = None if parts[0].probs is None else torch.cat([r.probs for r in parts])
-    return SampleResult(torch.cat([r.tokens for r in parts]), probs, merge_stats([r.stats for r in parts]))
-
-
-def check_request(prompt: torch.Tensor, n: int, length: int) -> None:
-    if prompt.ndim != 1 or prompt.numel() < 1:
-        raise ValueError("prompt must be a non-empty 1-D tensor of token ids")
-    if n < 1 or length < 1:
-        raise ValueError(f"need n >= 1 chains and length >= 1 tokens, got n={n}, length={length}")
 
 
 def sample_naive(pair, prompt: torch.Tensor, n: int, length: int, config: NaiveConfig,

@@ -27,7 +27,7 @@ import torch
 
 from specdec_lab.sampling import SamplingConfig, sample
 from specdec_lab.samplers.decoder import Decoder
-from specdec_lab.samplers.naive import CHUNK, SampleResult, check_request, in_chunks, speculative_rates
+from specdec_lab.samplers.protocol import CHUNK, SampleResult, check_request, in_chunks, speculative_rates
 from specdec_lab.samplers.rules import LEVIATHAN, Verifier
 from specdec_lab.theory import expected_tokens_per_pass  # noqa: F401  (re-exported for callers)
 
