@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from specdec_lab import drafting as drafting_
-from specdec_lab import verdicts
+from specdec_lab import stats, verdicts
 from specdec_lab.collect import SampleSet, collect
 from specdec_lab.report.tables import settings_label
 from specdec_lab.sampling import SamplingConfig
@@ -58,7 +58,6 @@ def plan_audit_samples(pair, prompt: str, sampling: SamplingConfig, tolerance: f
     """Samples m at which a correct engine's bound on the joint law of tokens 1–2 is below ``tolerance`` with
     probability ``assurance`` (:func:`stats.plan_bound_by_simulation` on the exact joint law after ``prompt``
     at ``sampling``, as ``verify`` plans its rows)."""
-    from specdec_lab import stats
     from specdec_lab.laws import two_token_law
 
     law = two_token_law(pair, pair.encode(prompt), sampling)
@@ -126,10 +125,26 @@ class AuditResult:
                                            drafting_.speculates(described), drafting_.counter_source(described))
 
     @property
+    def refused(self) -> int:
+        """Completions the adapter could not keep (an early end, an unmappable text: ``refused_samples``)."""
+        return int((self.samples.meta.get("stats") or {}).get("refused_samples", 0))
+
+    @property
+    def joint_upper(self) -> float:
+        """The bound the verdict rests on: the suite's joint bound of tokens 1–2 among the kept completions, plus
+        the refused share's bound (:func:`with_refusals`): a bound on the law of *every* completion."""
+        joint = float("nan") if self.suite.joint_bound is None else self.suite.joint_bound.upper
+        return with_refusals(joint, self.refused, self.suite.m)
+
+    @property
     def verdict(self) -> str:
-        """The suite's verdict, made *inconclusive (drafting not exercised)* for an equivalent speculative
-        row whose bounded positions were not shown to be drafted in at least half of the samples."""
-        return verdicts.require_drafting(self.suite.verdict, self.drafting.exercised)
+        """The suite's verdict — equivalent only while :attr:`joint_upper` (refusals included) is within ε — made
+        *inconclusive (drafting not exercised)* for an equivalent speculative row whose bounded positions were not
+        shown to be drafted in at least half of the samples."""
+        verdict = self.suite.verdict
+        if verdict == verdicts.EQUIVALENT and not self.joint_upper <= self.suite_tolerance:
+            verdict = verdicts.INCONCLUSIVE
+        return verdicts.require_drafting(verdict, self.drafting.exercised)
 
     def summary(self) -> dict:
         """One table row: implementation × settings → verdict, TV bound, samples."""
@@ -147,7 +162,7 @@ class AuditResult:
         if stats.get("draft_steps"):  # vLLM's own counters: mean acceptance length per verification pass
             per_pass = 1 + stats["accepted_tokens"] / stats["draft_steps"]
         s, drafted, verdict = self.suite, self.drafting, self.verdict
-        joint = float("nan") if s.joint_bound is None else s.joint_bound.upper
+        joint = self.joint_upper
         words = s.verdict_text + "; " + drafted.words()
         if verdict != s.verdict:
             words = f"{verdict}: {words}"
@@ -177,6 +192,19 @@ class AuditResult:
     def tests(self) -> pd.DataFrame:
         """Every test's statistic and p-value."""
         return pd.DataFrame(self.suite.rows())
+
+
+def with_refusals(tv_upper: float, refused: int, kept: int, confidence: float = 0.99) -> float:
+    """A bound on TV(every completion's law, p) from one on the kept completions: for the law Q, the kept event K
+    and any P, TV(Q, P) ≤ TV(Q | K, P) + Q(not K), so the refused share's Clopper–Pearson bound is added (the two
+    bounds hold together at 2·confidence − 1). Nothing is added when nothing was refused.
+
+    >>> with_refusals(0.012, 0, 40_000), round(with_refusals(0.012, 3, 40_000), 5)
+    (0.012, 0.01226)
+    """
+    if not refused:
+        return tv_upper
+    return tv_upper + stats.clopper_pearson_upper(refused, refused + kept, confidence)
 
 
 def engine_errors(stats: dict) -> dict:
@@ -231,7 +259,7 @@ def audit(pair, sampler, n: int, length: int, path: str | Path, *, prompt: str =
     expected : {"lossless", "negative control"}
         What a correct call is; recorded in the summary's "correct call" column.
     batch_size : int
-        Samples per resumable part file (500 ≈ 15 s of HF generate here).
+        Samples per resumable part file.
 
     Returns
     -------
@@ -267,7 +295,6 @@ def second_token_bounds(pair, prompt: str, tokens: np.ndarray, sampling: Samplin
     """
     import torch
 
-    from specdec_lab import stats
     from specdec_lab.sampling import to_probs
 
     ids = pair.encode(prompt)

@@ -76,12 +76,11 @@ class Scale:
 # for the full scale) are in docs/method.md's planner table (`make coverage` prints them).
 SCALES = {
     "smoke": Scale(1_000, 2_000, None, 0.02, medusa=False, n_resamples=999),  # tests the pipeline, lossless verdicts inconclusive
-    # first-token bound <= 0.02; joint bound reported. Controls at 4,000: at 10,000 the weakest law-changing one
-    # (q_topk_unnormalised) was rejected at Holm p 2e-24, the bonus bug at K = 4 at 0 (3e-266 at the smoke's 2,000)
+    # first-token bound <= 0.02; joint bound reported; controls at 4,000 (each rejected by a wide margin: the
+    # verify table's Holm p column; sizes and their history in docs/method.md#verify-internals)
     "default": Scale(None, 4_000, None, 0.02, dependence_samples=10_000),
     # full: the verdict rests on the joint bound too (<= 0.025 on the first two tokens, <= 0.01 on the first). Its ε
     # is the lossless rows' business; the controls keep the default's sizes, which reject each by a wide margin
-    # (at 20,000, until 7 December, they cost ≈ 40% of the full run's worker time and showed the same verdicts)
     "full": Scale(None, 4_000, None, 0.01, 0.025, ("rejection_iid", "rejection_topk"), dependence_samples=10_000),
 }
 
@@ -151,8 +150,8 @@ def uncovered(sampler, length: int) -> str:
 
 # The point-mass (greedy) draft row runs at K = 2 (L = 4): its rule is the same at every draft
 # position, and K's own positions 3..K and bonus are covered by the three K = 4 speculative rows and
-# the K = 4 negative controls. At K = 4 its acceptance of 0.28 made it feed ≈ 22 target tokens per
-# sample, the costliest row (274 of 1,080 s of worker time at the default scale); at K = 2, 2.4x less.
+# the K = 4 negative controls; its low acceptance makes it the costliest row per sample at K = 4
+# (docs/method.md#verify-internals).
 POINT_MASS_K = 2
 
 
@@ -338,9 +337,7 @@ def run_rows(pair, rows: list[Row], options: VerifyOptions, settings: SuiteSetti
     rows = sorted(rows, key=_cost, reverse=True)
     # With ``later``: the costlier half of ``rows`` keeps the workers busy while the caller plans, then the
     # planned rows run (costliest first), and the cheaper half last, where small rows even out the workers'
-    # finishing times (the twelve 4,000-sample controls of `make verify` take 6-30 s each, its lossless rows
-    # 14-110 s; queued after the controls, the big rows could leave one worker idle at the end — an estimate
-    # from the row times, not measured on its own).
+    # finishing times (queued after the controls, the big rows could leave one worker idle at the end).
     head = (len(rows) + 1) // 2 if later else len(rows)
     submit(rows[:head])
     if later:  # called only once the head is queued
@@ -374,8 +371,7 @@ def worker_pool(pair, workers: int):
 
 # glibc malloc settings of the worker processes (read at process start): allocations below 1 GiB come
 # from the heap and freed memory stays there, instead of a fresh mmap per large tensor (a batch's
-# logits, caches and masks are 1-40 MB each) whose pages fault in on every use. Two single-threaded
-# workers drew 1,207 speculative samples/s with them against 1,047 without (one run each, 2 cores).
+# logits, caches and masks) whose pages fault in on every use (the measured gain: docs/method.md#verify-internals).
 WORKER_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(2 ** 30), "MALLOC_TRIM_THRESHOLD_": str(2 ** 32)}
 
 
@@ -456,8 +452,8 @@ def run_verify(pair, options: VerifyOptions) -> dict:
 
 
 def default_workers(pair) -> int:
-    """Processes for the rows: on a CPU, one per core up to 4 (two single-threaded processes gave
-    1.26x the samples/s of one two-threaded process on a 2-core machine); on an accelerator, 1."""
+    """Processes for the rows: on a CPU, one per core up to 4 (single-threaded processes side by side outrun one
+    multi-threaded process: docs/method.md#verify-internals); on an accelerator, 1."""
     if pair.device.type != "cpu":
         return 1
     return max(1, min(4, os.cpu_count() or 1))

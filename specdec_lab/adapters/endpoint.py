@@ -20,8 +20,9 @@ Mapping completions back to token ids (the tokens must be the ones the server sa
 
 Anything else — fewer than L tokens (an end-of-text token was sampled), an ambiguous or
 unmappable text — is **refused**, counted in the stats (``refused_samples``) and replaced by a
-new request. Refusals condition the law, so the audit table reports their number; with the bundled
-byte-level tokenizer and plain-text output they do not occur.
+new request. Refusals condition the law, so they are never dropped silently: the audit adds the refused share's
+Clopper–Pearson bound to its TV bound (TV(Q, p) ≤ TV(Q | kept, p) + Q(refused): :func:`specdec_lab.audit.with_refusals`)
+and the table reports their number; with the bundled byte-level tokenizer and plain-text output they do not occur.
 
 Speculation counters: with ``server_metrics=True`` the server's Prometheus ``/metrics`` is read
 before and after each batch and the differences of the counters vLLM and llama.cpp's ``llama-server``
