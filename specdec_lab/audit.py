@@ -200,7 +200,7 @@ def with_refusals(tv_upper: float, refused: int, kept: int, confidence: float = 
     bounds hold together at 2·confidence − 1). Nothing is added when nothing was refused.
 
     >>> with_refusals(0.012, 0, 40_000), round(with_refusals(0.012, 3, 40_000), 5)
-    (0.012, 0.01226)
+    (0.012, 0.01225)
     """
     if not refused:
         return tv_upper
