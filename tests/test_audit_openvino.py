@@ -26,7 +26,6 @@ m = 1,500 the suite rejects with power > 0.999 at α = 1e-3; the plain row at m 
 probability ≤ α = 1e-3 if OpenVINO samples p exactly.
 """
 
-import os
 
 import pytest
 import torch
@@ -37,14 +36,11 @@ from specdec_lab.audit import DEFAULT_PROMPT, LOOKUP_PROMPT, audit
 from specdec_lab.sampling import SamplingConfig
 from specdec_lab.suite import SuiteSettings
 
+from helpers import IDENTITY_PROMPTS, require_engine
+
 SETTINGS = SuiteSettings(alpha=1e-3)
 
-try:
-    openvino.openvino_python()
-except FileNotFoundError as exc:
-    if os.environ.get(openvino.ENV_PYTHON):
-        pytest.fail(f"${openvino.ENV_PYTHON} is set but {exc}", pytrace=False)
-    pytest.skip(str(exc), allow_module_level=True)
+require_engine(openvino, openvino.openvino_python)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -54,8 +50,7 @@ def stop_workers():
 
 
 def test_exported_ir_is_our_target(pair):
-    prompts = [DEFAULT_PROMPT, "ROMEO:\n", "To be, or not to be", LOOKUP_PROMPT, "KING.\nWhat", "First Citizen",
-               "JULIET.\nO", "Enter", "OTHELLO.\nIt is the cause", "My lord,", "Exeunt.\n\n", "What, ho!"]
+    prompts = IDENTITY_PROMPTS
     rows = openvino.greedy_identity(pair, prompts, length=32)
     assert all(row["identical"] for row in rows), rows
 

@@ -16,7 +16,6 @@ What is checked, each against the real engine:
 Power: as in tests/test_audit_openvino.py (m = 1,500, α = 1e-3).
 """
 
-import os
 
 import pytest
 import torch
@@ -26,14 +25,11 @@ from specdec_lab.audit import DEFAULT_PROMPT, LOOKUP_PROMPT, audit
 from specdec_lab.sampling import SamplingConfig
 from specdec_lab.suite import SuiteSettings
 
+from helpers import IDENTITY_PROMPTS, require_engine
+
 SETTINGS = SuiteSettings(alpha=1e-3)
 
-try:
-    ortgenai.ortgenai_python()
-except FileNotFoundError as exc:
-    if os.environ.get(ortgenai.ENV_PYTHON):
-        pytest.fail(f"${ortgenai.ENV_PYTHON} is set but {exc}", pytrace=False)
-    pytest.skip(str(exc), allow_module_level=True)
+require_engine(ortgenai, ortgenai.ortgenai_python)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -43,8 +39,7 @@ def stop_workers():
 
 
 def test_converted_model_is_our_target(pair):
-    prompts = [DEFAULT_PROMPT, "ROMEO:\n", "To be, or not to be", LOOKUP_PROMPT, "KING.\nWhat", "First Citizen",
-               "JULIET.\nO", "Enter", "OTHELLO.\nIt is the cause", "My lord,", "Exeunt.\n\n", "What, ho!"]
+    prompts = IDENTITY_PROMPTS
     rows = ortgenai.greedy_identity(pair, prompts, length=32)
     assert all(row["identical"] for row in rows), rows
 

@@ -289,10 +289,15 @@ def _greedy_vllm(args) -> int:
     pair = pair_from_args(args)
     check = vllm_adapter.greedy_check(args.method, pair.encode(args.prompt), args.length, args.k, args.head)
     vllm_adapter.close_workers()
+    return _print_greedy(check, f"vLLM {vllm_adapter.VERSION} offline", args)
+
+
+def _print_greedy(check: dict, label: str, args) -> int:
+    """Both greedy outputs, the outcome in words; 0 when identical token for token, else 1."""
     for name in ("reference", "speculative"):
         print(f"{name:12s} {check[name]}")
     verdict = "identical" if check["identical"] else f"DIFFERS from token {check['first_difference']}"
-    print(f"\nvLLM {vllm_adapter.VERSION} offline, {args.method} K={args.k}, greedy, L={args.length}: {verdict}")
+    print(f"\n{label}, {args.method} K={args.k}, greedy, L={args.length}: {verdict}")
     return 0 if check["identical"] else 1
 
 
@@ -318,11 +323,7 @@ def _greedy_cpu_engine(args) -> int:
         check = engine.greedy_check(args.method, prompt, args.length, args.k)
         label = f"ONNX Runtime GenAI {engine.VERSION}"
     engine.close_workers()
-    for name in ("reference", "speculative"):
-        print(f"{name:12s} {check[name]}")
-    verdict = "identical" if check["identical"] else f"DIFFERS from token {check['first_difference']}"
-    print(f"\n{label}, {args.method} K={args.k}, greedy, L={args.length}: {verdict}")
-    return 0 if check["identical"] else 1
+    return _print_greedy(check, label, args)
 
 
 def cmd_llama_speculative(args) -> int:
