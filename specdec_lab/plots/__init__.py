@@ -11,7 +11,7 @@ returns a :class:`matplotlib.figure.Figure` already closed in pyplot (shown once
 """
 
 from specdec_lab.plots.common import VERDICT_COLORS, save, token_label, token_strings
-from specdec_lab.plots.evidence import (audit_verdicts, detection_power, first_token, kernel_rows, kernel_tests,
+from specdec_lab.plots.evidence import (audit_verdicts, detection_power, findings, first_token, kernel_rows, kernel_tests,
                                         observed_vs_expected, pit, power_curves, pvalue_histograms, size_meta_test,
                                         tv_bound_path, tv_bounds)
 from specdec_lab.plots.mechanics import (agreement_by_position, block_routes, bug_anatomy, exact_tv,
@@ -19,7 +19,7 @@ from specdec_lab.plots.mechanics import (agreement_by_position, block_routes, bu
 from specdec_lab.plots.speed import batch_sweep, roofline, speedup
 
 __all__ = [
-    "VERDICT_COLORS", "agreement_by_position", "audit_verdicts", "batch_sweep", "block_routes", "bug_anatomy",
+    "VERDICT_COLORS", "agreement_by_position", "audit_verdicts", "findings", "batch_sweep", "block_routes", "bug_anatomy",
     "detection_power", "exact_tv", "first_token", "kernel_rows", "kernel_tests", "observed_vs_expected", "pit",
     "power_curves", "pvalue_histograms", "roofline", "save", "size_meta_test", "speedup", "step_decomposition",
     "three_token_step", "token_label", "token_strings", "tree", "tv_bound_path", "tv_bounds", "typical_heatmap",

@@ -300,3 +300,31 @@ def kernel_rows(panels: list[tuple[str, np.ndarray, np.ndarray]], top: int = 20)
         ax.legend(fontsize=9)
     fig.tight_layout()
     return fig
+
+
+def findings(frame: pd.DataFrame, tolerance: float) -> Figure:
+    """The README's figure: one bar per row (``sampler``, ``TV upper 99%``, ``verdict``, ``group``: 'ours' or
+    'engines'), the certified TV bound against ε on a log axis from ε/10, coloured by verdict, the two groups
+    separated. Ours bound token 1; the engines bound tokens 1–2 jointly (the first law holding a drafted token)."""
+    frame = frame.reset_index(drop=True)
+    fig, ax = new_axes((12, 0.34 * len(frame) + 1.8))
+    floor = tolerance / BAR_FLOOR_BELOW_TOLERANCE
+    bounds = frame["TV upper 99%"].to_numpy(dtype=float)
+    colors = [VERDICT_COLORS.get(v, "black") for v in frame["verdict"]]
+    ax.barh(np.arange(len(frame)), np.maximum(bounds - floor, 0.0), left=floor, color=colors)
+    ax.set_yticks(np.arange(len(frame)), frame["sampler"], fontsize=9)
+    ax.invert_yaxis()
+    split = int((frame["group"] == "ours").sum())
+    if 0 < split < len(frame):
+        ax.axhline(split - 0.5, color="grey", linewidth=0.8)
+    ax.axvline(tolerance, color="black", linestyle="--")
+    ax.set_xscale("log")
+    plain_ticks(ax)
+    ax.set_xlim(floor, 1.5)
+    ax.set_xlabel("upper 99% bound on TV from p (ours: token 1; engines: tokens 1–2); log scale")
+    handles = [Patch(color=c, label=v) for v, c in VERDICT_COLORS.items() if v in set(frame["verdict"])]
+    handles.append(Line2D([], [], color="black", linestyle="--", label=f"ε = {tolerance:g}: equivalent below it"))
+    ax.legend(handles=handles, loc="upper right", fontsize=9)
+    ax.set_title("Certified TV bound: our samplers above the line, the engines below", fontsize=11)
+    fig.tight_layout()
+    return fig

@@ -195,9 +195,8 @@ def findings_frame(root: Path = ROOT):
 
     rows = []
     verify = results.load(root / "results" / "verify-default.json")
-    rows += [{"sampler": f"ours: {r['sampler']}", "TV upper 99%": r["tv_upper"], "expected": "lossless",
-              "verdict": verdicts.word(r["verdict"]), "Holm p": r["holm_p"]}
-             for r in verify["rows"] if r.get("expected") == "lossless"]
+    rows += [{"sampler": r["sampler"], "TV upper 99%": r["tv_upper"], "verdict": verdicts.word(r["verdict"]),
+              "group": "ours"} for r in verify["rows"] if r.get("expected") == "lossless"]
     readme = (root / "README.md").read_text()
     block = next(m for m in BLOCK.finditer(readme) if "view=engines" in m["args"])
     for ref in (w.split("=", 1)[1] for w in shlex.split(block["args"]) if w.startswith("rows=")):
@@ -207,9 +206,19 @@ def findings_frame(root: Path = ROOT):
         if row["tv_upper"] is None:
             continue
         name, settings = engine_row(row, doc.get("transcribed_from", ""))[:2]
-        rows.append({"sampler": f"{name} {settings}".strip(), "TV upper 99%": row["tv_upper"], "expected": "lossless",
-                     "verdict": verdicts.word(row["verdict"]), "Holm p": float("nan")})
+        rows.append({"sampler": short_label(f"{name}, {settings}" if settings else name), "TV upper 99%": row["tv_upper"],
+                     "verdict": verdicts.word(row["verdict"]), "group": "engines"})
     return pd.DataFrame(rows)
+
+
+def short_label(text: str) -> str:
+    """An engine row's label for the figure: backticks and dated remarks dropped.
+
+    >>> short_label("vLLM 0.32.0 offline, eagle3 K=4 (6 Dec), T=1")
+    'vLLM 0.32.0 offline, eagle3 K=4, T=1'
+    """
+    text = re.sub(r"\s*\([^)]*\)|, 6 Dec[^,]*(?:, [^,]*skew lift)?", "", text.replace("`", ""))
+    return re.sub(r"\s+,", ",", text).strip()
 
 
 def write_figure(root: Path = ROOT, tolerance: float = 0.02) -> Path:
@@ -218,7 +227,7 @@ def write_figure(root: Path = ROOT, tolerance: float = 0.02) -> Path:
 
     path = root / FIGURE
     path.parent.mkdir(parents=True, exist_ok=True)
-    plots.save(plots.tv_bounds(findings_frame(root), tolerance), path)
+    plots.save(plots.findings(findings_frame(root), tolerance), path, dpi=90)
     return path
 
 
