@@ -148,22 +148,22 @@ browser: $(STAMP)
 # Target, draft, then the Medusa, EAGLE and EAGLE-3 heads of the new target (training.base rewrites manifest.json; the
 # heads' steps add their entries back, so the manifest always describes the heads that match the target).
 train: $(STAMP)
-	$(BIN)/python -m specdec_lab.training.base --out data/models
-	$(BIN)/python -m specdec_lab.training.medusa --out data/models
-	$(BIN)/python -m specdec_lab.training.eagle --out data/models
-	$(BIN)/python -m specdec_lab.training.eagle3 --out data/models
+	$(BIN)/python -m specdec_lab.training.base --out specdec_lab/bundled
+	$(BIN)/python -m specdec_lab.training.medusa --out specdec_lab/bundled
+	$(BIN)/python -m specdec_lab.training.eagle --out specdec_lab/bundled
+	$(BIN)/python -m specdec_lab.training.eagle3 --out specdec_lab/bundled
 
 # Medusa heads for the bundled target (after `make train`; ≈ 10 min on 2 idle cores)
 train-medusa: $(STAMP)
-	$(BIN)/python -m specdec_lab.training.medusa --out data/models
+	$(BIN)/python -m specdec_lab.training.medusa --out specdec_lab/bundled
 
 # The EAGLE head for the bundled target, in vLLM's layout (after `make train`; ≈ 25 min on 2 shared cores)
 train-eagle: $(STAMP)
-	$(BIN)/python -m specdec_lab.training.eagle --out data/models
+	$(BIN)/python -m specdec_lab.training.eagle --out specdec_lab/bundled
 
 # The EAGLE-3 head for the bundled target, in vLLM's layout (after `make train`; ≈ 15 min on 2 shared cores)
 train-eagle3: $(STAMP)
-	$(BIN)/python -m specdec_lab.training.eagle3 --out data/models
+	$(BIN)/python -m specdec_lab.training.eagle3 --out specdec_lab/bundled
 
 clean-venv:
 	rm -rf $(VENV)

@@ -17,7 +17,7 @@ import torch
 
 from specdec_lab.sampling import SamplingConfig, sample, to_probs  # noqa: F401  (re-exported)
 
-BUNDLED_DIR = Path(__file__).resolve().parent.parent / "data" / "models"
+BUNDLED_DIR = Path(__file__).resolve().parent / "bundled"  # inside the package: a wheel carries the models
 BUNDLED = {"bundled": BUNDLED_DIR}
 
 
@@ -97,7 +97,7 @@ def load_pair(name: str | None = None, *, target: str | None = None, draft: str 
               trust_remote_code: bool = False) -> ModelPair:
     """Load a target/draft pair.
 
-    ``load_pair("bundled")`` loads the models committed under ``data/models`` after checking their
+    ``load_pair("bundled")`` loads the models committed under ``specdec_lab/bundled`` after checking their
     hashes; ``load_pair(target="gpt2", draft="distilgpt2", device="cuda")`` loads any Hugging Face id
     or local directory (safetensors weights only). The pair must share a vocabulary.
     """

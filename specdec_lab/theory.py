@@ -116,7 +116,7 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in [
               head_dim=64, vocab_size=128_256, tied_embeddings=True, hf_id="meta-llama/Llama-3.2-1B-Instruct"),
     ModelSpec("gpt2", 124_439_808, layers=12, hidden_size=768, attention_heads=12, kv_heads=12,
               head_dim=64, vocab_size=50_257, bytes_per_param=4.0, tied_embeddings=True, hf_id="gpt2"),
-    # data/models/{target,draft}/config.json; counts as in docs/models.md.
+    # specdec_lab/bundled/{target,draft}/config.json; counts as in docs/models.md.
     ModelSpec("bundled-target", 3_426_560, layers=4, hidden_size=256, attention_heads=4, kv_heads=4,
               head_dim=64, vocab_size=512, bytes_per_param=4.0),
     ModelSpec("bundled-draft", 270_816, layers=2, hidden_size=96, attention_heads=2, kv_heads=2,

@@ -1,4 +1,4 @@
-"""The bundled EAGLE head (data/models/eagle, `python -m specdec_lab.training.eagle`), in the main environment.
+"""The bundled EAGLE head (specdec_lab/bundled/eagle, `python -m specdec_lab.training.eagle`), in the main environment.
 
 vLLM's side (the head loads in EagleLlamaForCausalLM, drafts, is accepted, greedy equals greedy) is in
 tests/test_audit_vllm.py; here: the files match the manifest, the head reads back from vLLM's names, and

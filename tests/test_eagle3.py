@@ -1,4 +1,4 @@
-"""The bundled EAGLE-3 head (data/models/eagle3, `python -m specdec_lab.training.eagle3`), in the main environment.
+"""The bundled EAGLE-3 head (specdec_lab/bundled/eagle3, `python -m specdec_lab.training.eagle3`), in the main environment.
 
 vLLM's side (the head loads in Eagle3LlamaForCausalLM, and vLLM drafts exactly what our forward drafts:
 its acceptance counters equal our greedy speculative decode's, greedy equals greedy) is in

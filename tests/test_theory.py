@@ -167,12 +167,12 @@ class TestPresets:
         from safetensors import safe_open
 
         spec = MODELS[f"bundled-{role}"]
-        config = json.loads((ROOT / "data/models" / role / "config.json").read_text())
+        config = json.loads((ROOT / "specdec_lab/bundled" / role / "config.json").read_text())
         assert (spec.layers, spec.hidden_size, spec.attention_heads, spec.kv_heads, spec.head_dim,
                 spec.vocab_size, spec.tied_embeddings) == \
             (config["num_hidden_layers"], config["hidden_size"], config["num_attention_heads"],
              config["num_key_value_heads"], config["head_dim"], config["vocab_size"], config["tie_word_embeddings"])
-        with safe_open(ROOT / "data/models" / role / "model.safetensors", "pt") as f:
+        with safe_open(ROOT / "specdec_lab/bundled" / role / "model.safetensors", "pt") as f:
             stored = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
         assert stored == spec.parameters
         assert llama_parameters(spec, config["intermediate_size"]) == spec.parameters

@@ -2,8 +2,8 @@
 
 Needs ``openvino-genai==2026.4.1.0``, torch and transformers (for the target's exact token-1 law), and a small Llama
 target with a draft of the same vocabulary, both as Hugging Face folders and as OpenVINO IR (default: this
-repository's bundled pair, ``data/models/{target,draft}``, exported with ``optimum-cli export openvino --model
-data/models/target --task text-generation-with-past --weight-format fp32 ir/target`` and the same for the draft).
+repository's bundled pair, ``specdec_lab/bundled/{target,draft}``, exported with ``optimum-cli export openvino --model
+specdec_lab/bundled/target --task text-generation-with-past --weight-format fp32 ir/target`` and the same for the draft).
 Run::
 
     python docs/repro/openvino_cb_token1.py [HF_DIR IR_DIR] [--n N]
@@ -52,7 +52,7 @@ from transformers import AutoModelForCausalLM
 argv = sys.argv[1:]
 N = int(argv.pop(argv.index("--n") + 1)) if "--n" in argv else 1000
 args = [a for a in argv if not a.startswith("--")]
-HF, IR = args[:2] if len(args) >= 2 else ("data/models", "ir")
+HF, IR = args[:2] if len(args) >= 2 else ("specdec_lab/bundled", "ir")
 HAMLET = [40, 33, 45, 44, 37, 52, 14]  # "HAMLET." in the bundled tokenizer
 PROMPTS = {'"HAMLET."': HAMLET, '"HAMLET.\\n"': HAMLET + [199]}
 TOP_K = 20

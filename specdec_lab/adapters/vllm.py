@@ -58,8 +58,8 @@ METHODS = {
     "ngram": "prompt lookup: n-gram matches in the context, no model (prompt_lookup_min 1, max 4)",
     "suffix": "suffix decoding (a suffix tree over the prompt and earlier outputs)",
     "medusa": "Medusa heads (the bundled heads converted to vLLM's layout by convert_medusa)",
-    "eagle": "the bundled EAGLE-1 head (data/models/eagle, trained by specdec_lab.training.eagle in vLLM's layout)",
-    "eagle3": "the bundled EAGLE-3 head (data/models/eagle3, trained by specdec_lab.training.eagle3 in vLLM's layout; "
+    "eagle": "the bundled EAGLE-1 head (specdec_lab/bundled/eagle, trained by specdec_lab.training.eagle in vLLM's layout)",
+    "eagle3": "the bundled EAGLE-3 head (specdec_lab/bundled/eagle3, trained by specdec_lab.training.eagle3 in vLLM's layout; "
               "aux layers (1, 2, 4) from its config)",
 }
 # Engine settings for this audit on a CPU: fp32 like the local scorer, no CUDA-graph capture, the

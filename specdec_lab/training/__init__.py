@@ -6,6 +6,6 @@
 - :mod:`~specdec_lab.training.eagle` — an EAGLE head, in vLLM's layout;
 - :mod:`~specdec_lab.training.eagle3` — an EAGLE-3 head, in vLLM's layout.
 
-The bundled files stay under ``data/models`` (its head folders ``eagle`` and ``eagle3``); nothing here names a model
+The bundled files stay under ``specdec_lab/bundled`` (its head folders ``eagle`` and ``eagle3``); nothing here names a model
 directory after a method, since vLLM infers a speculative method from substrings of the draft's path.
 """

@@ -1,4 +1,4 @@
-"""Reproduce the bundled models: ``python -m specdec_lab.training.base [--out data/models]``.
+"""Reproduce the bundled models: ``python -m specdec_lab.training.base [--out specdec_lab/bundled]``.
 
 From one seed and an offline public-domain corpus this builds
 
@@ -313,7 +313,7 @@ def train_head(out: Path, cache: Path, settings, *, subdir: str, files: tuple[st
 def script_parser(description: str) -> argparse.ArgumentParser:
     """The options every training script shares: where the models go, where the corpus is cached."""
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--out", type=Path, default=Path("data/models"))
+    parser.add_argument("--out", type=Path, default=Path("specdec_lab/bundled"))
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "specdec_lab_corpus")
     return parser
 

