@@ -27,7 +27,7 @@ class TestScale:
 
     def test_full_is_larger_everywhere(self):
         ci, full = scale.SCALES["ci"], scale.SCALES["full"]
-        for field in ("samples", "control_samples", "replicates", "replicate_samples", "power_reps", "chains",
+        for field in ("samples", "equivalence_samples", "control_samples", "replicates", "replicate_samples", "power_reps", "chains",
                       "audit_samples", "kernel_vocab", "kernel_samples", "kernel_control_vocab", "kernel_control_samples"):
             assert getattr(full, field) >= getattr(ci, field), field
 
