@@ -191,7 +191,7 @@ def sampled_reading(check: pd.DataFrame, alpha: float = 0.01) -> str:
     """
     outside = int((~check["inside the band"]).sum())
     pvalue = check.attrs["pearson p-value"]
-    often = f"about 1 run of {1 / pvalue:,.0f}" if pvalue > 0 else "no run"
+    often = f"about 1 run of {1 / pvalue:,.0f}" if pvalue >= 1e-6 else "fewer than 1 run in a million"
     verdict = (f"not evidence of a bug (not rejected at α = {alpha:g})" if pvalue > alpha
                else f"rejected at α = {alpha:g}: for an exact sampler this happens in a share α of seeds")
     return (f"{outside} of {len(check)} frequencies outside its ±2 sd band; Pearson p-value {pvalue:.2f}: an exact "
