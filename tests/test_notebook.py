@@ -27,7 +27,7 @@ class TestScale:
 
     def test_full_is_larger_everywhere(self):
         ci, full = scale.SCALES["ci"], scale.SCALES["full"]
-        for field in ("samples", "control_samples", "replicates", "replicate_samples", "power_reps", "chains",
+        for field in ("samples", "equivalence_samples", "control_samples", "replicates", "replicate_samples", "power_reps", "chains",
                       "audit_samples", "kernel_vocab", "kernel_samples", "kernel_control_vocab", "kernel_control_samples"):
             assert getattr(full, field) >= getattr(ci, field), field
 
@@ -167,6 +167,38 @@ class TestWorkedExample:
         with pytest.raises(ValueError, match="sum to 1"):
             worked_example.library_law([0.5, 0.5, 0.5], q)
 
+    def test_exact_law_of_rule_takes_a_user_function(self):
+        p, q = worked_example.P, worked_example.Q
+
+        def leviathan(p, q):
+            return np.minimum(1, p / q), np.maximum(p - q, 0) / np.maximum(p - q, 0).sum()
+
+        def residual_q(p, q):
+            return np.minimum(1, p / q), q
+
+        def swapped(p, q):
+            return np.minimum(1, q / p), np.maximum(p - q, 0) / np.maximum(p - q, 0).sum()
+
+        assert worked_example.exact_law_of_rule(leviathan).attrs["tv"] < 1e-12
+        law = worked_example.exact_law_of_rule(residual_q)  # notebook 00, exercise 4
+        assert np.allclose(law["out"], [0.28, 0.28, 0.44]) and abs(law.attrs["tv"] - 0.24) < 1e-12
+        law = worked_example.exact_law_of_rule(swapped)  # exercise 5
+        assert np.allclose(law["out"], [0.22, 0.18, 0.60]) and abs(law.attrs["tv"] - 0.4) < 1e-12
+        by_name = worked_example.exact_law_of_rule("residual_from_p")
+        assert np.allclose(by_name["out"], worked_example.library_law(p, q, "residual_from_p"))
+        assert np.allclose(by_name["out"], [0.40, 0.32, 0.28]) and abs(by_name.attrs["tv"] - 0.1) < 1e-12
+        assert worked_example.picture(p, q, swapped).axes
+        with pytest.raises(ValueError, match="residual must be a law"):
+            worked_example.exact_law_of_rule(lambda p, q: (np.ones(3), np.array([0.5, 0.5, 0.5])))
+        with pytest.raises(ValueError, match="accept must lie in"):
+            worked_example.exact_law_of_rule(lambda p, q: (p / q, p))
+
+    def test_sampled_reading_says_what_a_pvalue_means(self):
+        check = worked_example.sampled_check(worked_example.P, np.repeat([0, 1, 2], [5000, 3000, 2000]))
+        assert "0 of 3" in worked_example.sampled_reading(check) and "not rejected" in worked_example.sampled_reading(check)
+        check = worked_example.sampled_check(worked_example.P, np.repeat([0, 1, 2], [6000, 2000, 2000]))
+        assert "rejected at α = 0.01" in worked_example.sampled_reading(check)
+
     def test_sampled_check_and_picture(self):
         rng = np.random.default_rng(0)
         draws = rng.choice(3, size=5000, p=worked_example.P)
@@ -184,6 +216,18 @@ def test_block_argument_by_enumeration(pair, prompt):
     for name, law in block["routes"].items():
         close = np.abs(law - block["p next"]).max() < 1e-12
         assert close != name.startswith("✗"), name
+
+
+def test_first_token_tvs_are_at_most_the_two_token_tvs(pair, prompt):
+    first = negative_controls.first_token_tvs(pair, prompt)
+    assert list(first) == [f"faulty: {name}" for name in FAULTY]
+    assert first["faulty: bonus_wrong_position"] < 1e-12  # its first step is correct
+    parts = {part["name"].split(" ")[0]: part["tv"] for part in negative_controls.bug_anatomy(pair, prompt)}
+    for name, tv in first.items():
+        if "bonus" not in name:
+            assert abs(tv - parts[name.removeprefix("faulty: ")]) < 1e-12, name
+    table = negative_controls.faulty_table()
+    assert (table["kind"] == "shipped bug").sum() == 3 and (table["kind"] == "common error").sum() == 6
 
 
 def test_bug_anatomy_covers_every_control(pair, prompt):

@@ -21,7 +21,12 @@ MAX_NOTEBOOK_BYTES = 1_500_000  # a whole rendered notebook, figures included
 MAX_PNG_BYTES = 200_000  # one figure
 MAX_PNG_WIDTH = 1_600  # pixels: about 16 in at the inline backend's 100 dpi
 MAX_TEXT_CHARS = 20_000  # one text or HTML output (no long tables)
-TEACHING_TAG = "teaching-sampler"  # the one cell per notebook allowed a definition (the lesson itself)
+# Cells allowed a definition because they are the lesson itself (at most one of each per notebook), with their
+# longest length in non-comment lines: notebook 00's ten-line numpy sampler, its "break it yourself" rule (the
+# reader edits it and gets its exact law from the library), and notebook 02's standalone enumerator of the
+# block argument (pure Python/numpy, no library call: the proof checked without trusting the library).
+TEACHING_TAGS = {"teaching-sampler": 14, "break-it-yourself": 10, "teaching-enumerator": 32}
+TEACHING_IMPORTS = {"numpy", "itertools"}
 
 
 def cells(path: Path) -> list[dict]:
@@ -99,25 +104,34 @@ class TestNotebook:
         assert any(re.search(r"^assert ", s, re.M) for s in code), f"{path.name} has no assert cell"
 
     def test_imports_only_specdec_lab_and_no_hard_coded_device(self, path):
-        """Cells call the library. The one exception is a cell tagged ``teaching-sampler``: the ten-line
-        numpy sampler of the worked example, which is the lesson itself (it may import numpy and define
-        a function); at most one per notebook, and short."""
-        teaching = [i for i, c in enumerate(cells(path)) if TEACHING_TAG in c.get("metadata", {}).get("tags", [])]
-        assert len(teaching) <= 1, f"{path.name}: more than one {TEACHING_TAG} cell"
+        """Cells call the library. The exceptions are cells tagged with one of :data:`TEACHING_TAGS`: the lesson
+        itself (the worked example's numpy sampler and editable rule, notebook 02's enumerator), which may import
+        numpy or itertools and define a function; at most one of each tag per notebook, and short."""
+        tags = {i: set(c.get("metadata", {}).get("tags", [])) & set(TEACHING_TAGS) for i, c in enumerate(cells(path))}
+        for tag in TEACHING_TAGS:
+            assert sum(tag in t for t in tags.values()) <= 1, f"{path.name}: more than one {tag} cell"
         for i, cell in enumerate(cells(path)):
             if cell["cell_type"] != "code":
                 continue
             s = source(cell)
-            allowed = {"specdec_lab", "numpy"} if i in teaching else {"specdec_lab"}
+            allowed = {"specdec_lab"} | TEACHING_IMPORTS if tags[i] else {"specdec_lab"}
             for line in s.splitlines():
                 m = re.match(r"\s*(?:from|import)\s+([\w.]+)", line)
                 if m:
                     assert m.group(1).split(".")[0] in allowed, \
                         f"{path.name} cell {i} imports {m.group(1)}: notebooks import specdec_lab only"
             assert not re.search(r"""["']cuda["']|\.cuda\(\)""", s), f"{path.name} cell {i} hard-codes a device"
-            if i in teaching:
+            if tags[i]:
+                (tag,) = tags[i]
                 lines = [line for line in s.splitlines() if line.strip() and not line.strip().startswith("#")]
-                assert len(lines) <= 14, f"{path.name} cell {i}: the teaching sampler has {len(lines)} lines"
+                assert len(lines) <= TEACHING_TAGS[tag], f"{path.name} cell {i}: the {tag} cell has {len(lines)} lines"
                 continue
             assert not re.search(r"^\s*(for|while|def|class) ", s, re.M), \
                 f"{path.name} cell {i} holds library logic (a loop or definition); move it into specdec_lab"
+
+    def test_teaching_enumerator_calls_no_library(self, path):
+        """Notebook 02's enumerator proves the block argument without trusting the library: it imports nothing from
+        specdec_lab (it reads no name from the library: p and q are written in the cell)."""
+        for cell in cells(path):
+            if "teaching-enumerator" in cell.get("metadata", {}).get("tags", []):
+                assert "specdec_lab" not in source(cell), f"{path.name}: the enumerator must not call the library"

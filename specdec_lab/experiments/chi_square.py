@@ -10,9 +10,17 @@ import pandas as pd
 
 from specdec_lab import report, stats
 from specdec_lab.collect import collect
+from specdec_lab.laws import first_token_law
 from specdec_lab.experiments.scale import default_device, setup, work_dir  # noqa: F401 (for the notebook)
 from specdec_lab.plots import token_strings  # noqa: F401 (for the notebook)
 from specdec_lab.suite import Scores, SuiteResult, SuiteSettings, run_suite, score
+
+
+# The notebook's prompt. An equivalence verdict needs the 99% TV bound below ε, and the samples that takes grow with
+# the spread of the first-token law: at verify's "ROMEO:\n" (top token 0.11) the planner asks 45,254 samples per
+# sampler; after this line, where the target's top continuation has 0.53 of the mass, 24,145 (plan_bound_by_simulation,
+# ε = 0.02, assurance 0.999; checked in the notebook), and a one-line bug still moves 0.12 of the first token's mass.
+PROMPT = "First Citizen:\nBefore we proceed any further, hear me spe"
 
 
 @dataclass
@@ -54,6 +62,32 @@ def check_sampler(pair, name: str, sampler, lossless: bool, prompt: str, n: int,
     suite = run_suite(name, tokens, scores, settings, rng)
     pit = stats.randomized_pit(scores.cdf_below, scores.p_x, rng)
     return Check(name, lossless, tokens, scores, suite, pit, samples.meta.get("stats") or {}, exact_tv)
+
+
+def plan_table(pair, prompts, settings: SuiteSettings = SuiteSettings(), seed: int = 0) -> pd.DataFrame:
+    """Per prompt: the target's first-token law at T = 1 (its top mass and effective support 1/Σp²) and the samples a
+    correct sampler needs for its TV bound to fall below ``settings.tolerance`` with probability 0.999
+    (:func:`specdec_lab.stats.plan_bound_by_simulation`, simulated from that exact law)."""
+    rows = []
+    for prompt in prompts:
+        p = first_token_law(pair, pair.encode(prompt))
+        m = stats.plan_bound_by_simulation(p, settings.tolerance, confidence=settings.confidence,
+                                           rng=np.random.default_rng(seed))
+        rows.append({"prompt": prompt, "top token mass": float(p.max()), "effective support 1/Σp²": float(1 / (p ** 2).sum()),
+                     f"samples for bound < {settings.tolerance:g} (assurance 0.999)": int(m)})
+    return pd.DataFrame(rows)
+
+
+def pit_reading(checks: list[Check], alpha: float = 0.01) -> str:
+    """One line per check: the PIT KS test's p-value, whether the PIT alone detects anything at α, and which tests
+    the sampler's verdict rests on (generated from the results, so it holds for any seed)."""
+    lines = []
+    for c in checks:
+        pvalue = c.suite.tests["randomized PIT KS (all positions)"].pvalue
+        seen = "the PIT detects a difference" if pvalue < alpha else "the PIT detects nothing"
+        by = f"; verdict {c.suite.verdict}" + (f", rejected by {', '.join(c.suite.rejected_by)}" if c.suite.rejected_by else "")
+        lines.append(f"{c.name} (m = {len(c.tokens):,}): PIT KS p = {pvalue:.2g}, {seen} at α = {alpha:g}{by}")
+    return "\n".join(lines)
 
 
 def _slug(name: str) -> str:

@@ -154,9 +154,40 @@ def ortgenai_audits(pair, n: int, seed: int = 19) -> pd.DataFrame:
     return _plain_draft_control(pair, ortgenai, ortgenai.OrtGenaiConfig, n, 2, seed)
 
 
+# Display names of a run_audits table's TV columns: its "TV plug-in" and "TV upper 99%" are of the joint law of tokens
+# 1-2 (the first token's bound is "TV upper 99% (token 1)").
+BOUND_LABELS = {"TV plug-in": "TV plug-in (tokens 1–2)", "TV upper 99%": "TV upper 99% (tokens 1–2)"}
+
+
+def tokens_per_pass(table: pd.DataFrame) -> pd.Series:
+    """Tokens emitted per target pass *per sequence*, for every row of a :func:`specdec_lab.audit.run_audits` table.
+
+    The table's own ``tokens/pass`` divides all emitted tokens by the target's forward passes. That is per sequence
+    only for an engine that runs one sequence per forward (HF assisted generation, batch 1); our batched sampler
+    runs hundreds of chains per forward, so there it read the batch size, not a rate (1077.000 in the committed run
+    of 7 December). Where a sampler counts its per-chain verification steps (``chain_steps``), this divides the
+    emitted tokens by those instead; other rows keep the table's value.
+    """
+    def per_sequence(result, fallback: float) -> float:
+        stats = result.samples.meta.get("stats") or {}
+        if stats.get("chain_steps"):
+            return stats["emitted_tokens"] / stats["chain_steps"]
+        return fallback
+
+    return pd.Series([per_sequence(r, v) for r, v in zip(table.attrs["results"], table["tokens/pass"])],
+                     index=table.index, name="tokens/pass")
+
+
 def all_audits(*tables) -> pd.DataFrame:
     """The audit tables that ran (None for a skipped engine), one below the other, for one figure."""
     return pd.concat([t for t in tables if t is not None], ignore_index=True)
+
+
+def first_token_bounds(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with its ``TV upper 99%`` column holding the first token's bound (``TV upper 99% (token 1)``) instead
+    of the joint bound of tokens 1–2: the form :func:`specdec_lab.plots.audit_verdicts` reads, whose axis is labelled
+    "first token"."""
+    return table.assign(**{"TV upper 99%": table["TV upper 99% (token 1)"]})
 
 
 def vllm_expand_check() -> dict:

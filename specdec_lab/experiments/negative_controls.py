@@ -74,10 +74,37 @@ def with_settings(sampler: SpeculativeConfig, **sampling) -> SpeculativeConfig:
     return replace(sampler, sampling=replace(sampler.sampling, **sampling))
 
 
+COMMON_ERROR = "common re-implementation error"  # how samplers.faulty marks a control that reproduces no shipped bug
+
+
 def faulty_table() -> pd.DataFrame:
-    """Every negative control: the bug, the shipped bug it reproduces, the settings where it shows."""
-    return pd.DataFrame([{"name": v.name, "bug": v.description, "shipped as": v.anchor, "needs": v.needs or {}}
-                         for v in FAULTY.values()])
+    """Every negative control: the bug, whether it reproduces a bug an engine shipped or a common
+    re-implementation error (from its ``anchor``), the source, the settings where it shows."""
+    return pd.DataFrame([{"name": v.name, "bug": v.description,
+                          "kind": "common error" if v.anchor.startswith(COMMON_ERROR) else "shipped bug",
+                          "source": v.anchor, "needs": v.needs or {}} for v in FAULTY.values()])
+
+
+def reference_check(pair, prompt: str, n: int, length: int, seed: int, settings: SuiteSettings = SuiteSettings(),
+                    k: int = 4) -> Check:
+    """The correct speculative sampler (K = ``k``) through the same suite at the controls' sample size: the bar a
+    control's TV bound is compared with (at a few thousand samples a correct sampler's bound is wide too)."""
+    return check_sampler(pair, f"speculative K={k} (correct)", SpeculativeConfig(k=k), True, prompt, n, length, seed,
+                         settings, work_dir(), 0.0)
+
+
+def first_token_tvs(pair, prompt_ids: torch.Tensor, k: int = 4) -> dict[str, float]:
+    """"faulty: <name>" -> exact TV of the control's first token from p, at the settings its fault needs (one
+    verification step, :func:`specdec_lab.laws.first_token_rule_law`; ~0 for the bonus fault, whose first step
+    is correct). A two-token law is at least as far from p's as its first token's, so this is at most the
+    two-token TV."""
+    out = {}
+    for name, verifier in FAULTY.items():
+        needs = dict(verifier.needs or {})
+        config = SpeculativeConfig(k=needs.pop("k", k), sampling=SamplingConfig(**needs), verifier=verifier)
+        p = first_token_law(pair, prompt_ids, config.sampling)
+        out[f"faulty: {name}"] = 0.5 * float(np.abs(first_token_rule_law(pair, prompt_ids, config) - p).sum())
+    return out
 
 
 def run_controls(pair, prompt: str, n: int, length: int, seed: int, settings: SuiteSettings = SuiteSettings(),
@@ -236,7 +263,8 @@ def size_meta_test(pair, prompt_ids: torch.Tensor, m: int, reps: int, settings: 
     """The suite on ``reps`` sample sets of m two-token samples drawn from the target's exact law.
 
     Returns (per-replicate p-values of every test and the Holm global p-value, summary) where the
-    summary has the rejection rate at ``settings.alpha``, its binomial upper limit and the KS
+    summary has the rejection rate at ``settings.alpha`` with its exact 95% interval (Clopper-Pearson: with 20
+    sets, 0 rejections only bound the rate below 0.17), its binomial upper limit and the KS
     p-value of each single test's p-values against Uniform(0, 1) (Holm-combined entries are
     conservative by design and left out)."""
     from specdec_lab.laws import pair_law
@@ -250,8 +278,10 @@ def size_meta_test(pair, prompt_ids: torch.Tensor, m: int, reps: int, settings: 
         result = run_suite("H0", tokens, scores_from_law(tokens, p, settings.min_prefix_count), settings, rng)
         rows.append({**{name: r.pvalue for name, r in result.tests.items()}, "Holm global": result.global_pvalue})
     table = pd.DataFrame(rows)
-    rate = float((table["Holm global"] < settings.alpha).mean())
-    size = {"reps": reps, "m": m, "alpha": settings.alpha, "rejection rate": rate,
+    rejected = int((table["Holm global"] < settings.alpha).sum())
+    interval = sps.binomtest(rejected, reps).proportion_ci(0.95)  # Clopper-Pearson
+    size = {"reps": reps, "m": m, "alpha": settings.alpha, "rejected": rejected, "rejection rate": rejected / reps,
+            "95% interval (Clopper-Pearson)": (float(interval.low), float(interval.high)),
                "binomial limit (α + 3 se)": settings.alpha + 3 * np.sqrt(settings.alpha * (1 - settings.alpha) / reps),
                # single tests only: a Holm-adjusted p-value is conservative by design (not uniform)
                "KS p-value per test": {c: stats.uniformity_test(table[c]).pvalue for c in table.columns
@@ -280,12 +310,12 @@ def bug_anatomy(pair, prompt_ids: torch.Tensor) -> list[dict]:
             first = int(torch.argmax(p))
             next_logits, _ = laws.model_logits_at(pair, prompt_ids)(torch.tensor([[first]]))
             p_next = to_probs(next_logits[0], config)
-            parts.append({"name": f"{name} (token 2 after an accepted '{pair.decode([first])}', K = 1)",
+            parts.append({"name": f"{name} (token 2 after an accepted '{pair.decode([first])}', K = 1; TV of tokens 1–2)",
                           "p": p_next.numpy(), "kept": p.numpy(), "replaced": np.zeros_like(p.numpy()),
                           "labels": ("bonus drawn from p at position K", ""), "tv": law.tv, "settings": needs})
             continue
         kept, replaced = laws.step_parts(target_logits, draft_logits, config, verifier)
-        parts.append({"name": name, "p": p.numpy(), "kept": kept.numpy(), "replaced": replaced.numpy(),
+        parts.append({"name": f"{name} (token 1)", "p": p.numpy(), "kept": kept.numpy(), "replaced": replaced.numpy(),
                       "tv": float(laws.tv(kept + replaced, p)), "settings": needs})
     return parts
 

@@ -26,6 +26,7 @@ class Scale:
 
     name: str
     samples: int  # per lossless sampler in a distributional check
+    equivalence_samples: int  # per lossless sampler in notebook 03: at least the planner's m for its prompt (24,145 ci)
     control_samples: int  # per negative control: its effects are large (TV >= 0.05)
     length: int  # new tokens per sample
     replicates: int  # independent replicate runs for the p-value uniformity meta-test
@@ -45,9 +46,9 @@ class Scale:
 
 
 SCALES = {
-    "ci": Scale("ci", samples=8_000, control_samples=2_000, length=3, replicates=30,
+    "ci": Scale("ci", samples=8_000, equivalence_samples=25_000, control_samples=2_000, length=3, replicates=30,
                 replicate_samples=600, power_reps=200, chains=16, audit_samples=1_000),
-    "full": Scale("full", samples=80_000, control_samples=10_000, length=3, replicates=200,
+    "full": Scale("full", samples=80_000, equivalence_samples=80_000, control_samples=10_000, length=3, replicates=200,
                   replicate_samples=4_000, power_reps=1_000, chains=64, audit_samples=20_000,
                   meta_reps=400, meta_samples=10_000, detection_reps=20, detection_samples=10_000,
                   detection_step=1, kernel_vocab=128_256, kernel_samples=4_000, kernel_control_vocab=32_000,

@@ -21,7 +21,7 @@ from specdec_lab import laws, plots
 from specdec_lab.experiments.scale import setup  # noqa: F401 (for the notebook)
 from specdec_lab.sampling import SamplingConfig
 from specdec_lab.samplers.faulty import FAULTY
-from specdec_lab.samplers.rules import LEVIATHAN, accept_ratio, residual_positive_part
+from specdec_lab.samplers.rules import LEVIATHAN, Verifier, accept_ratio, residual_positive_part
 
 TOKENS = ["A", "B", "C"]
 P = np.array([0.5, 0.3, 0.2])  # the target's law of the next token
@@ -39,19 +39,69 @@ def _laws(p, q) -> tuple[torch.Tensor, torch.Tensor]:
     return p, q
 
 
-def library_parts(p, q, rule: str = "leviathan") -> tuple[np.ndarray, np.ndarray]:
+def user_verifier(rule) -> Verifier:
+    """A :class:`~specdec_lab.samplers.rules.Verifier` whose acceptance and residual are the reader's ``rule``.
+
+    ``rule(p, q)`` takes the target and draft laws as numpy arrays (V,) and returns ``(accept, residual)``:
+    ``accept[x]`` the chance of keeping a proposed x, ``residual`` the law a replacement is drawn from after a
+    rejection. The library calls the acceptance on whole laws (a token the draft never proposes is looked up
+    with q = 1 there and its keep mass is zeroed), so the rule may divide by q.
+    """
+    def laws(p, q):
+        accept, residual = rule(p.numpy(), q.numpy())
+        accept = np.broadcast_to(np.asarray(accept, dtype=np.float64), p.shape)
+        residual = np.asarray(residual, dtype=np.float64)
+        if not ((accept >= 0) & (accept <= 1)).all():
+            raise ValueError(f"accept must lie in [0, 1] for every token, got {accept.tolist()}")
+        if residual.shape != p.shape or (residual < 0).any() or not np.isclose(residual.sum(), 1.0):
+            raise ValueError(f"residual must be a law over the {len(p)} tokens (>= 0, sum 1), got {residual.tolist()}")
+        return torch.as_tensor(accept.copy()), torch.as_tensor(residual)
+
+    name = getattr(rule, "__name__", "your rule")
+    return Verifier(name, False, f"the reader's rule {name}",
+                    accept_prob=lambda p, q: laws(p, q)[0], residual=lambda p, q: laws(p, q)[1])
+
+
+def _verifier(rule) -> Verifier:
+    if callable(rule):
+        return user_verifier(rule)
+    return LEVIATHAN if rule == "leviathan" else FAULTY[rule]
+
+
+def library_parts(p, q, rule="leviathan") -> tuple[np.ndarray, np.ndarray]:
     """(kept, replaced) of one step by the library's rule ``rule`` (:func:`specdec_lab.laws.step_parts`):
-    kept(x) = q(x)·acc(x), the mass of emitting x as the accepted draft; replaced(x) = ρ·r(x)."""
+    kept(x) = q(x)·acc(x), the mass of emitting x as the accepted draft; replaced(x) = ρ·r(x). ``rule`` is a
+    rule's name (``"leviathan"`` or a negative control's) or a function, as in :func:`user_verifier`."""
     p, q = _laws(p, q)
-    verifier = LEVIATHAN if rule == "leviathan" else FAULTY[rule]
+    verifier = _verifier(rule)
     kept, replaced = laws.step_parts(torch.log(p), torch.log(q), SamplingConfig(), verifier)  # log 0 = -inf: fine
     return kept.numpy(), replaced.numpy()
 
 
-def library_law(p, q, rule: str = "leviathan") -> np.ndarray:
+def library_law(p, q, rule="leviathan") -> np.ndarray:
     """The exact law ``out`` of the emitted token under the library's rule (kept + replaced)."""
     kept, replaced = library_parts(p, q, rule)
     return kept + replaced
+
+
+def exact_law_of_rule(rule, p=P, q=Q) -> pd.DataFrame:
+    """The exact law of the token one step of ``rule`` emits, per token, by :func:`specdec_lab.laws.step_parts`
+    (no sampling): p, q, the kept and replaced parts and their sum ``out``; ``attrs["tv"]`` is TV(out, p).
+    ``rule``: a function ``rule(p, q) -> (accept, residual)`` (:func:`user_verifier`) or a rule's name.
+
+    >>> def keep_everything(p, q):
+    ...     return np.ones_like(p), p
+    >>> law = exact_law_of_rule(keep_everything)
+    >>> law["out"].round(12).tolist(), round(law.attrs["tv"], 12)
+    ([0.2, 0.2, 0.6], 0.4)
+    """
+    kept, replaced = library_parts(p, q, rule)
+    p, q = (np.asarray(v, dtype=np.float64) for v in (p, q))
+    out = kept + replaced
+    frame = pd.DataFrame({"token": TOKENS[: len(p)], "p": p, "q": q, "kept": kept, "replaced": replaced,
+                          "out": out, "out − p": out - p})
+    frame.attrs["tv"] = 0.5 * float(np.abs(out - p).sum())
+    return frame
 
 
 def rule_pieces(p, q) -> pd.DataFrame:
@@ -129,11 +179,32 @@ def sampled_check(p, draws, seed_note: str = "") -> pd.DataFrame:
     return frame
 
 
-def picture(p, q, rule: str = "leviathan", draws=None):
-    """:func:`specdec_lab.plots.three_token_step` for the library's ``rule`` (and the notebook sampler's draws)."""
+def sampled_reading(check: pd.DataFrame, alpha: float = 0.01) -> str:
+    """What a :func:`sampled_check` says, in words that hold for any seed: how many frequencies fall outside their
+    ±2 sd band (each does so by chance about 1 time in 22 for a correct sampler), and the Pearson p-value read as
+    "a deviation at least this large happens to an exact sampler about once in 1/p runs".
+
+    >>> frame = pd.DataFrame({"inside the band": [True, False, True]})
+    >>> frame.attrs.update({"pearson p-value": 0.04, "m": 20_000})
+    >>> print(sampled_reading(frame))
+    1 of 3 frequencies outside its ±2 sd band; Pearson p-value 0.04: an exact sampler deviates at least this much in about 1 run of 25, so this is not evidence of a bug (not rejected at α = 0.01).
+    """
+    outside = int((~check["inside the band"]).sum())
+    pvalue = check.attrs["pearson p-value"]
+    often = f"about 1 run of {1 / pvalue:,.0f}" if pvalue >= 1e-6 else "fewer than 1 run in a million"
+    verdict = (f"not evidence of a bug (not rejected at α = {alpha:g})" if pvalue > alpha
+               else f"rejected at α = {alpha:g}: for an exact sampler this happens in a share α of seeds")
+    return (f"{outside} of {len(check)} frequencies outside its ±2 sd band; Pearson p-value {pvalue:.2f}: an exact "
+            f"sampler deviates at least this much in {often}, so this is {verdict}.")
+
+
+def picture(p, q, rule="leviathan", draws=None):
+    """:func:`specdec_lab.plots.three_token_step` for the library's ``rule`` (a name or a function, as in
+    :func:`library_parts`) and the notebook sampler's draws."""
     kept, replaced = library_parts(p, q, rule)
     freq = None if draws is None else np.bincount(np.asarray(draws), minlength=len(TOKENS)) / len(draws)
-    return plots.three_token_step(np.asarray(p, float), np.asarray(q, float), kept, replaced, TOKENS, rule=rule,
+    label = _verifier(rule).name
+    return plots.three_token_step(np.asarray(p, float), np.asarray(q, float), kept, replaced, TOKENS, rule=label,
                                   sampled=freq)
 
 
@@ -147,7 +218,7 @@ def normalise(weights) -> np.ndarray:
     return w / w.sum() if w.sum() > 0 else np.full(len(w), 1.0 / len(w))
 
 
-def explorer_text(p, q, rule: str = "leviathan") -> str:
+def explorer_text(p, q, rule="leviathan") -> str:
     """The explorer's summary line: p, q, α = Σ min(p, q), the output law and its TV from p.
 
     >>> print(explorer_text(P, Q))
