@@ -44,7 +44,7 @@ EAGLE_SUBDIR = "eagle"
 @dataclass(frozen=True)
 class EagleSettings:
     seed: int = 20261204
-    steps: int = 300  # about 13 minutes on 2 shared cores (2.5 s a step); the head sees 1.2M tokens
+    steps: int = 300  # the head sees 1.2M tokens (training time: docs/models.md)
     lr: float = 2e-3  # the layer starts from scratch (only fc's feature half starts at identity)
     batch_size: int = 32
     context: int = 128  # the bundled models' training window

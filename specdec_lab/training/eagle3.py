@@ -76,14 +76,14 @@ AUX_KEY = "eagle_aux_hidden_state_layer_ids"  # vLLM reads it from the head's co
 @dataclass(frozen=True)
 class Eagle3Settings:
     seed: int = 20261205
-    steps: int = 300  # as the EAGLE-1 head: 1.2M tokens; about 2 s a step here (2 unrolled draft steps)
+    steps: int = 300  # as the EAGLE-1 head: 1.2M tokens
     lr: float = 2e-3  # as the EAGLE-1 head: the layer starts from scratch
     batch_size: int = 32
     context: int = 128  # the bundled models' training window
     warmup_steps: int = 40
     weight_decay: float = 0.0
     aux_layers: tuple[int, ...] = (1, 2, 4)  # low, middle, last; vLLM's default (2, 2, 1) crashes at L = 4
-    ttt_steps: int = 2  # unrolled draft steps in the loss; 2 teaches the fed-back path at ~1.5× the cost of 1
+    ttt_steps: int = 2  # unrolled draft steps in the loss; 2 teaches the fed-back path
     eval_steps: int = 4  # draft steps measured on held-out text (K = 4 in the audits)
     eval_windows: int = 128  # held-out windows of `context` tokens
 
