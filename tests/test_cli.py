@@ -91,3 +91,14 @@ def test_collect_with_trim_records_it(tmp_path):
     assert main(["collect", "--samples", "32", "--length", "5", "--trim", "--out", str(path)]) == 0
     meta = load_samples(path).meta
     assert meta["sampler"]["trim"] is True and meta["stats"]["emitted_tokens"] == 32 * 5  # nothing truncated
+
+
+def test_every_audit_help_states_the_exit_status(capsys):
+    """0 certified, 1 rejected or failed, 3 inconclusive, 2 usage: in every audit command's --help."""
+    import pytest
+
+    for kind in ("hf", "endpoint", "vllm", "openvino", "ortgenai", "llama-speculative", "workload"):
+        with pytest.raises(SystemExit):
+            main(["audit", kind, "--help"])
+        text = capsys.readouterr().out
+        assert "exit status" in text and "3  " in text and "inconclusive" in text, kind

@@ -211,6 +211,11 @@ def report(args, pair, workload, suite: SuiteSettings, found: dict, reference: d
     samples = sum(r.m for r in found["results"])
     print(f"collection: {found['seconds']:.1f} s, {samples / max(found['seconds'], 1e-9):.1f} samples/s (wall time; "
           "this call's requests only)")
+    overall = found["workload_bound"]
+    if overall["m"]:
+        print(f"workload-level certificate: the per-request average TV over the cells (the joint (cell, outcome) law "
+              f"under this mix) <= {overall['tv_upper']:.4f} at {suite.confidence:.0%} from {overall['m']:,} "
+              f"completions ({overall['route']} route)")
     rows = list(found["rows"])
     status = verdicts.exit_status(r.verdict for r in rows)
     if reference is not None:
@@ -237,7 +242,7 @@ def report(args, pair, workload, suite: SuiteSettings, found: dict, reference: d
     settings = {key: value for key, value in vars(args).items() if key != "func"}
     path = results.write(args.out / "results.json", results.document(
         "audit workload", rows, settings=settings, models=results.model_identity(pair), exit_status=status,
-        extra={"workload": workload.describe(), "summary": line}))
+        extra={"workload": workload.describe(), "summary": line, "workload_bound": overall}))
     print(f"results: {path}")
     print({0: "every judged cell certified (exit 0)", 1: "a cell is rejected or the server failed requests (exit 1)",
            3: "nothing rejected, but some cell is inconclusive: not a pass (exit 3)"}[status])

@@ -31,29 +31,29 @@ under mixed batching, not speculation (its verdict is at best *inconclusive (dra
 A **greedy** (T = 0) cell's law is a point mass: any other output is impossible (rejected), and m outputs all
 equal to it bound the TV by 1 − (1 − confidence)^(1/m).
 
+Every outcome counted
+---------------------
+A token cell judges the law of (token 1, token 2, how the completion ended): an ending by EOS is an outcome with its
+exact probability; a completion cut short, stopped with neither EOS nor stop string, or unmappable is an outcome of
+probability 0 that rejects (:mod:`specdec_lab.workload.judge`). Nothing answered is dropped.
+
 Verdicts
 --------
-Per cell the suite of :mod:`specdec_lab.suite` (on tokens 1–2 with the cell's exact joint law) gives a
-global p-value and the TV upper bound on the joint law; across cells the p-values are adjusted by Holm at α.
-A cell is **rejected** when its Holm-adjusted p-value is below α, **equivalent** when not and its TV bound is
-≤ ε (and, on a speculative server, token 2 was drafted in at least half of its samples, else *inconclusive
-(drafting not exercised)*), **inconclusive** otherwise; **refused by the engine** when the server answered
-every request of the cell with a client error (HTTP 4xx; its message is shown), **no samples** when every request
-failed (HTTP 5xx or in transport). Server errors are results: counted per cell, shown in the table, never retried
-(only transport errors are retried, with backoff), and they make the command exit 1 like a rejection.
+The words and rules are :mod:`specdec_lab.verdicts` (``engine_row``): Holm across cells for rejection, the TV bounds
+simultaneous over the cells (δ split), each judgement a look whose levels are spent so that resuming keeps the error
+rates, and ``--until-decided`` with an anytime-valid e-process (:mod:`specdec_lab.workload.sequential`). Beside the
+cells, a workload-level certificate bounds the per-request average TV under the workload's mix
+(:func:`specdec_lab.workload.judge.workload_bound`).
 
-Two-sample mode (``--reference-url``): the same requests go to a second server (the same engine without
-speculation); each cell compares the two servers' samples of tokens 1–2 with
-:func:`specdec_lab.stats.closeness_two_sample` (Holm across cells) and bounds TV between the two laws by
-TV̂ + √(ln(1/δ)(1/m₁ + 1/m₂)/2) (McDiarmid: TV̂ between the two empirical laws is ≥ TV in expectation and
-moves by ≤ 1/mᵢ per sample; the two samples must be independent, so the reference run uses other seeds),
-which needs no exact law and so far more samples.
+Two-sample mode (``--reference-url``) sends the same seeded requests to a reference server and certifies
+TV(server, reference) per cell by coupling same-seed pairs, or by two independent samples where they mismatch too
+often (:mod:`specdec_lab.workload.two_sample`).
 """
 
 from specdec_lab.workload.cells import (BOUNDED_LENGTH, DEFAULT_WORKLOAD, Cell, Workload, WorkloadError, load_workload,
                                         parse_workload)
 from specdec_lab.workload.judge import (CellResult, cell_drafting, counter_drafting, final_verdicts, judge_categorical,
-                                        judge_cell, plan_cells, summary_line)
+                                        judge_cell, plan_cells, summary_line, workload_bound)
 from specdec_lab.workload.requests import ENGINES, EngineProfile, interleaved_jobs, request_body, request_seed
 from specdec_lab.workload.run import WorkloadRun, audit_workload, collect_workload, read_counters, throughput
 from specdec_lab.workload.store import SCHEMA, CellStore, outcome_rows
@@ -63,4 +63,4 @@ __all__ = ["BOUNDED_LENGTH", "DEFAULT_WORKLOAD", "ENGINES", "SCHEMA", "Cell", "C
            "Workload", "WorkloadError", "WorkloadRun", "audit_workload", "cell_drafting", "collect_workload",
            "counter_drafting", "final_verdicts", "interleaved_jobs", "judge_categorical", "judge_cell", "load_workload",
            "outcome_rows", "parse_workload", "plan_cells", "read_counters", "request_body", "request_seed",
-           "summary_line", "throughput", "two_sample_results"]
+           "summary_line", "throughput", "two_sample_results", "workload_bound"]

@@ -46,6 +46,8 @@ class CellResult:
     look: int = 1  # which look at the cell this is (specdec_lab.workload.sequential)
     alpha: float = 0.01  # the level this look may reject at (spent from the run's α)
     family_wise: bool = False  # pvalue already family-wise (the sequential e-process, Bonferroni): no Holm step
+    outcome_counts: np.ndarray | None = None  # (outcomes + 1,) counts over the cell's outcomes (the last: impossible)
+    outcome_law: np.ndarray | None = None  # (outcomes + 1,) their exact law
 
     @property
     def impossible(self) -> int:
@@ -201,6 +203,7 @@ def judge_cell(cell: Cell, frame: pd.DataFrame, laws: LawBook, workload: Workloa
     result = CellResult(cell, requests, errors, example, refused, len(good), confidence=settings.confidence)
     if len(good):
         outcomes, law, result.endings = cell_outcomes(cell, good, laws, workload)
+        result.outcome_counts, result.outcome_law = np.bincount(outcomes, minlength=len(law)), law
         judge_outcomes(result, outcomes, law, laws.pair.vocab_size, settings, rng)
     result.drafting = cell_drafting(frame, result.m, cell.request_tokens(workload.max_tokens), speculative)
     return result
@@ -325,3 +328,23 @@ def plan_cells(laws: LawBook, workload: Workload, tolerance: float, seed: int = 
                      "two-sample m (each server)": two, "coupling pairs (no mismatch)": coupling,
                      "cell confidence": cell_confidence})
     return pd.DataFrame(rows)
+
+
+def workload_bound(per_cell: list[tuple[np.ndarray, np.ndarray]], confidence: float = 0.99) -> dict:
+    """The workload-level certificate: a bound on the TV of the joint (cell, outcome) law under the workload's mix,
+    Σ_c w_c TV(server_c, p_c) with w_c the cell's share of the completions — the per-request average TV.
+
+    ``per_cell``: each judged cell's (outcome counts (n_c,), exact law over those outcomes (n_c,)). The cells' counts
+    are concatenated and judged against the mixture law w_c · p_c by :func:`specdec_lab.stats.tv_upper_bound`: one
+    bound on one law of Σ m_c draws, far tighter than J bounds at δ/J each. The cells' shares are fixed by design
+    (stratified sampling: a multinomial conditioned on the margins the mixture law states exactly), which narrows
+    the counts' spread; ``tests/test_workload.py::test_workload_bound_covers_under_stratified_sampling`` checks the
+    coverage by simulation. Returns {"m", "tv_upper", "tv_plugin", "route"}.
+    """
+    counts = np.concatenate([c for c, _ in per_cell]).astype(np.int64)
+    m = int(counts.sum())
+    if m == 0:
+        return {"m": 0, "tv_upper": float("nan"), "tv_plugin": float("nan"), "route": ""}
+    law = np.concatenate([c.sum() / m * p for c, p in per_cell])
+    bound = stats.tv_upper_bound(counts, law, confidence=confidence)
+    return {"m": m, "tv_upper": bound.upper, "tv_plugin": stats.tv_plugin(counts, law), "route": bound.binding}

@@ -16,7 +16,7 @@ from specdec_lab.laws.workload import LawBook
 from specdec_lab.suite import SuiteSettings
 from specdec_lab.workload.cells import Workload
 from specdec_lab.workload.judge import (CellResult, answered as answered_rows, cell_outcomes, counter_drafting,
-                                        final_verdicts, judge_cell, summary_line)
+                                        final_verdicts, judge_cell, summary_line, workload_bound)
 from specdec_lab.workload.requests import ENGINES, interleaved_jobs
 from specdec_lab.workload.sequential import LookLedger, eprocess_pvalue, spent
 from specdec_lab.workload.store import CellStore, cell_meta, outcome_rows
@@ -106,7 +106,8 @@ def audit_workload(pair, workload: Workload, run: WorkloadRun, *, budget: int | 
     ``run.samples`` per cell, judged once.
 
     Returns ``{"results": [CellResult], "table": DataFrame, "summary": str, "counters": dict, "seconds": float,
-    "frames": {cell name: its rows}, "rows": [Verdict]}``.
+    "frames": {cell name: its rows}, "rows": [Verdict], "workload_bound": dict}`` (the workload-level certificate:
+    :func:`specdec_lab.workload.judge.workload_bound`).
     """
     laws = LawBook(pair, ENGINES[run.engine].order)
     for cell in workload.cells:  # refuse prompts the server would tokenize differently, before any request
@@ -129,8 +130,11 @@ def audit_workload(pair, workload: Workload, run: WorkloadRun, *, budget: int | 
         counter_drafting(results, answered, counters, workload.max_tokens, rule)
     final_verdicts(results, run.suite)
     table = pd.DataFrame([r.row() for r in results])
+    overall = workload_bound([(r.outcome_counts, r.outcome_law) for r in results
+                              if r.outcome_counts is not None and r.refused is None], run.suite.confidence)
     return {"results": results, "table": table, "summary": summary_line(results), "counters": counters,
-            "seconds": seconds, "frames": frames, "rows": [r.verdict_row(run.suite.tolerance) for r in results]}
+            "seconds": seconds, "frames": frames, "rows": [r.verdict_row(run.suite.tolerance) for r in results],
+            "workload_bound": overall}
 
 
 def judge_all(workload: Workload, cells, frames: dict, laws: LawBook, run: WorkloadRun, ledger: LookLedger,
