@@ -139,7 +139,21 @@ def view_engines(rows: list[tuple[dict, str]], prefix: str = "") -> tuple[list[s
     return ENGINE_COLUMNS, body
 
 
-VIEWS: dict[str, Callable] = {"columns": view_columns, "verify": view_verify}
+def view_two_sample(doc: dict, rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """``audit workload --reference-url``'s rows against the reference: pairs, mismatches, the certified bound and
+    its route."""
+    headers = ["cell", "settings", "same-seed pairs", "mismatches", "TV(server, reference) upper", "route", "verdict"]
+    body = [[r["sampler"].removesuffix(" vs reference"), r.get("settings", ""), fmt_number(_int(r.get("pairs"))),
+             fmt_number(_int(r.get("mismatches"))), fmt_number(r["tv_upper"], ".4f"), r.get("route", ""), r["verdict"]]
+            for r in rows if r["sampler"].endswith(" vs reference")]
+    return headers, body
+
+
+def _int(value):
+    return None if value is None else int(value)
+
+
+VIEWS: dict[str, Callable] = {"columns": view_columns, "verify": view_verify, "two-sample": view_two_sample}
 
 
 # ------------------------------------------------------------------------------------------ pages
