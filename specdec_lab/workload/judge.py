@@ -341,10 +341,13 @@ def workload_bound(per_cell: list[tuple[np.ndarray, np.ndarray]], confidence: fl
     the counts' spread; ``tests/test_workload.py::test_workload_bound_covers_under_stratified_sampling`` checks the
     coverage by simulation. Returns {"m", "tv_upper", "tv_plugin", "route"}.
     """
-    counts = np.concatenate([c for c, _ in per_cell]).astype(np.int64)
-    m = int(counts.sum())
+    m = int(sum(c.sum() for c, _ in per_cell))
     if m == 0:
         return {"m": 0, "tv_upper": float("nan"), "tv_plugin": float("nan"), "route": ""}
+    counts = np.concatenate([c for c, _ in per_cell]).astype(np.int64)
     law = np.concatenate([c.sum() / m * p for c, p in per_cell])
+    impossible = int(counts[law <= 0].sum())
+    if impossible:  # outcomes of probability 0: TV is at least their share, and no bound below 1 is claimed
+        return {"m": m, "tv_upper": 1.0, "tv_plugin": float("nan"), "route": f"{impossible} impossible outcomes"}
     bound = stats.tv_upper_bound(counts, law, confidence=confidence)
     return {"m": m, "tv_upper": bound.upper, "tv_plugin": stats.tv_plugin(counts, law), "route": bound.binding}

@@ -64,7 +64,7 @@ def quantile_bins(law: np.ndarray, bins: int = BINS) -> tuple[np.ndarray, np.nda
 
     >>> which, mass = quantile_bins(np.array([0.5, 0.0, 0.25, 0.25]), bins=2)
     >>> which.tolist(), mass.tolist()
-    [[0, 2, 1, 1], [0.5, 0.5, 0.0]]
+    ([0, 2, 1, 1], [0.5, 0.5, 0.0])
     """
     order = np.argsort(-law, kind="stable")
     before = np.concatenate([[0.0], np.cumsum(law[order])[:-1]])  # mass of the outcomes ahead of each
