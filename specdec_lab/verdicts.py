@@ -212,5 +212,5 @@ def plain(value):
 
 
 def dumps(document: Mapping) -> str:
-    """``document`` as stable, readable JSON (sorted top-level keys are not imposed: records keep their order)."""
+    """``document`` as readable JSON (:func:`plain` values, one-space indent, keys in their given order)."""
     return json.dumps(plain(document), indent=1, ensure_ascii=False) + "\n"

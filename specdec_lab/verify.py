@@ -5,7 +5,8 @@ draft at K=2; Medusa tree verification with both lossless rejection rules) must 
 (TV upper bound below ε); every negative control in :data:`specdec_lab.samplers.faulty.FAULTY` and
 :data:`~specdec_lab.samplers.faulty.TREE_FAULTY`, the overlapping-streams control
 (:class:`~specdec_lab.samplers.faulty.OverlappingStreams`) and Medusa's lossy typical acceptance
-must come out **rejected**. Anything else fails the run.
+must come out **rejected**. Exit status (:func:`specdec_lab.verdicts.expectation_status`): 0 when every call is
+right, 3 when the only wrong calls are lossless rows left inconclusive, 1 otherwise.
 
 The tested window: by default each row draws enough tokens that every position its algorithm
 treats differently falls inside it — a speculative row with K drafts gets L = K + 2 (draft

@@ -45,11 +45,10 @@ def fmt_number(value, spec: str = ".4g") -> str:
 
 
 def field(row: dict, name: str):
-    """A record's field by dotted name (``cells.m``: the transcribed cell under header ``m``)."""
-    value = row
-    for part in name.split(".", 1) if name.startswith("cells.") else [name]:
-        value = value.get(part) if isinstance(value, dict) else None
-    return value
+    """A record's field: ``name``, or ``cells.<header>`` for a transcribed table's cell under that header."""
+    if name.startswith("cells."):
+        return row.get("cells", {}).get(name.removeprefix("cells."))
+    return row.get(name)
 
 
 def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
@@ -166,7 +165,7 @@ def render_block(args: str, root: Path = ROOT, prefix: str = "") -> str:
     options = dict(w.split("=", 1) for w in words if "=" in w and not w.startswith("rows="))
     files = [w for w in words if "=" not in w]
     if options.get("view") == "engines":
-        refs = [w.split("=", 1)[1] if w.startswith("rows=") else w for w in words if w.startswith("rows=") or "#" in w]
+        refs = [w.removeprefix("rows=") for w in words if w.startswith("rows=")]
         picked, sources = [], {}
         for ref in refs:
             path, index = ref.split("#")

@@ -46,6 +46,7 @@ class CellResult:
     look: int = 1  # which look at the cell this is (specdec_lab.workload.sequential)
     alpha: float = 0.01  # the level this look may reject at (spent from the run's α)
     family_wise: bool = False  # pvalue already family-wise (the sequential e-process, Bonferroni): no Holm step
+    outcomes: np.ndarray | None = None  # (m,) each answered completion's outcome, in arrival order
     outcome_counts: np.ndarray | None = None  # (outcomes + 1,) counts over the cell's outcomes (the last: impossible)
     outcome_law: np.ndarray | None = None  # (outcomes + 1,) their exact law
 
@@ -203,7 +204,8 @@ def judge_cell(cell: Cell, frame: pd.DataFrame, laws: LawBook, workload: Workloa
     result = CellResult(cell, requests, errors, example, refused, len(good), confidence=settings.confidence)
     if len(good):
         outcomes, law, result.endings = cell_outcomes(cell, good, laws, workload)
-        result.outcome_counts, result.outcome_law = np.bincount(outcomes, minlength=len(law)), law
+        result.outcomes, result.outcome_law = outcomes, law
+        result.outcome_counts = np.bincount(outcomes, minlength=len(law))
         judge_outcomes(result, outcomes, law, laws.pair.vocab_size, settings, rng)
     result.drafting = cell_drafting(frame, result.m, cell.request_tokens(workload.max_tokens), speculative)
     return result

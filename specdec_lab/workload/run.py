@@ -15,8 +15,8 @@ from specdec_lab.adapters.workload_client import ClientSettings, Outcome, get_te
 from specdec_lab.laws.workload import LawBook
 from specdec_lab.suite import SuiteSettings
 from specdec_lab.workload.cells import Workload
-from specdec_lab.workload.judge import (CellResult, answered as answered_rows, cell_outcomes, counter_drafting,
-                                        final_verdicts, judge_cell, summary_line, workload_bound)
+from specdec_lab.workload.judge import (CellResult, counter_drafting, final_verdicts, judge_cell, summary_line,
+                                        workload_bound)
 from specdec_lab.workload.requests import ENGINES, interleaved_jobs
 from specdec_lab.workload.sequential import LookLedger, eprocess_pvalue, spent
 from specdec_lab.workload.store import CellStore, cell_meta, outcome_rows
@@ -151,9 +151,8 @@ def judge_all(workload: Workload, cells, frames: dict, laws: LawBook, run: Workl
                            confidence=1.0 - spent(1.0 - run.suite.confidence, looks[cell.name]) / J)
         result = judge_cell(cell, frames[cell.name], laws, workload, settings, run.speculative, rng)
         result.look, result.alpha = looks[cell.name], alpha
-        if sequential and result.m:
-            outcomes, law, _ = cell_outcomes(cell, answered_rows(frames[cell.name]), laws, workload)
-            result.pvalue = min(1.0, J * eprocess_pvalue(outcomes, law))  # Bonferroni over the cells
+        if sequential and result.m:  # the outcomes judge_cell found, in arrival order
+            result.pvalue = min(1.0, J * eprocess_pvalue(result.outcomes, result.outcome_law))  # Bonferroni
             result.rejected_by = "the e-process" if result.pvalue < alpha else ""
             result.family_wise = True
         results.append(result)
