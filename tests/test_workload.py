@@ -482,3 +482,22 @@ def test_workload_bound_with_impossible_outcomes_or_none():
     found = workload_bound([(np.array([5, 5, 1]), np.array([0.5, 0.5, 0.0]))])
     assert found["tv_upper"] == 1.0 and found["m"] == 11 and "impossible" in found["route"]
     assert workload_bound([])["m"] == 0
+
+
+def test_sequential_coupling_certifies_at_the_spent_level_and_stops(pair, tmp_path):
+    """--until-decided with --reference-url: look 1 at 200 pairs a cell cannot certify 0.02 (its bound at the spent
+    level is ~0.03), so rounds of 100 more follow on both servers until the pairs certify every cell — at look 4, 500
+    pairs, with no request beyond it — and the run exits 0."""
+    from specdec_lab.cli import main
+
+    with served(pair, BatchServerConfig()) as server, served(pair, BatchServerConfig()) as reference:
+        code = main(["audit", "workload", "--base-url", server.base_url, "--reference-url", reference.base_url,
+                     "--workload", str(workload_file(tmp_path, TWO_CELLS)), "--samples", "200", "--until-decided",
+                     "--budget", "3000", "--out", str(tmp_path / "out"), "--quiet"])
+    two = pd.read_csv(tmp_path / "out" / "two-sample.csv")
+    assert code == 0, two.to_string()
+    assert (two["look"] == 4).all() and (two["pairs"] == 500).all() and (two["route"] == "coupling").all()
+    assert (two["TV upper"] <= 0.02).all() and (two["TV upper"] > 0.015).all()
+    for side in ("", "reference/"):  # nothing sent after the deciding look
+        frame = pd.concat(pd.read_parquet(p) for p in (tmp_path / "out" / side / "cells").glob("*/part-*.parquet"))
+        assert frame["request"].max() == 499

@@ -18,6 +18,16 @@ temperatures, and no others. With ``end_early=s`` it ends a share s of its compl
 ``finish_reason: "stop"`` — no EOS, no stop string: a law the exact model cannot produce, which the audit must
 reject (every outcome counted) rather than drop.
 
+It answers ``logprobs`` with each sampled token's log-probability under the **raw** model law (the log-softmax of
+the target's logits, before temperature, penalties and filters: llama-server's default, ``post_sampling_probs``
+false) and honours a choice-list ``grammar`` (``root ::= "a" | "b"``, the form
+:func:`specdec_lab.workload.requests.choice_grammar` writes): each step's law is the sampler chain's, masked to the
+tokens that keep the text a prefix of a choice (end-of-text once it is one) and renormalised. Three more planted
+faults break a promise a server makes (:mod:`specdec_lab.workload.promises`) while keeping every law exact:
+``zero_logprobs`` answers logprob 0.0 for every token (llama.cpp #27972's shape); ``batch_seeds`` seeds each row
+with ``seed + its row in the batch`` (a seeded request's tokens then depend on what it was batched with: vLLM
+#51226's shape); ``grammar_gap`` leaves the grammar mask off the second token (vLLM #44297's shape).
+
 Logits come from one target forward per distinct context (cached), in fp64 after the forward.
 """
 
@@ -28,11 +38,12 @@ import collections
 import contextlib
 import json
 import queue
+import re
 import secrets
 import sys
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -49,6 +60,9 @@ class BatchServerConfig:
 
     leak_temperature: bool = False
     end_early: float = 0.0  # planted: this share of completions ends after token 1 with finish "stop" (no EOS, no stop)
+    zero_logprobs: bool = False  # planted: every returned logprob is 0.0
+    batch_seeds: bool = False  # planted: a seeded row draws with seed + its index in the batch
+    grammar_gap: bool = False  # planted: the grammar mask is not applied at the second token
     window: float = 0.005
     max_rows: int = 32
     cache_size: int = 20_000
@@ -66,6 +80,28 @@ class _Row:
     stop: tuple
     generated: list
     finish: str = ""
+    seed: int | None = None
+    choices: tuple = ()  # the choice-list grammar's strings (empty: no grammar)
+    logprobs: list = field(default_factory=list)  # raw-law log-probability of each generated token
+
+
+_LITERAL = re.compile(r'"(?:[^"\\]|\\.)*"')  # a JSON string literal
+
+
+def parse_choice_grammar(grammar: str) -> tuple[str, ...]:
+    """The strings of a choice-list GBNF grammar ``root ::= "a" | "b"`` (JSON string escapes); raises BadRequest.
+
+    >>> parse_choice_grammar('root ::= " ay" | "no" | "my \\\\"lord\\\\""')
+    (' ay', 'no', 'my "lord"')
+    """
+    head, sep, rest = grammar.partition("::=")
+    literals = _LITERAL.findall(rest)
+    if head.strip() != "root" or not sep or not literals or _LITERAL.sub("", rest).replace("|", "").strip():
+        raise BadRequest(f"grammar: only a choice list root ::= \"a\" | \"b\" is served here, got {grammar[:80]!r}")
+    choices = tuple(json.loads(literal) for literal in literals)
+    if not all(choices):
+        raise BadRequest("grammar: a choice is empty")
+    return choices
 
 
 def _chain(body: dict) -> ChainConfig:
@@ -88,6 +124,7 @@ class BatchEngine:
     def __init__(self, pair, config: BatchServerConfig) -> None:
         self.pair, self.config = pair, config
         self.eos = pair.tokenizer.eos_token_id
+        self.texts = [pair.decode([i]) for i in range(pair.vocab_size)]
         self._cache: collections.OrderedDict = collections.OrderedDict()
         self.batches = 0
         self.mixed_batches = 0  # batches whose rows had more than one temperature
@@ -115,9 +152,23 @@ class BatchEngine:
         stop = (stop,) if isinstance(stop, str) else tuple(stop)
         chain = _chain(body)
         seed = body.get("seed")
-        generator = make_generator(secrets.randbits(63) if seed is None or int(seed) < 0 else int(seed))
+        seed = None if seed is None or int(seed) < 0 else int(seed)
+        generator = make_generator(secrets.randbits(63) if seed is None else seed)
+        choices = parse_choice_grammar(body["grammar"]) if body.get("grammar") else ()
         ids = self.pair.encode(prompt).tolist()
-        return [_Row(ids, chain, generator, stop, []) for _ in range(n)]
+        return [_Row(ids, chain, generator, stop, [], seed=seed, choices=choices) for _ in range(n)]
+
+    def allowed(self, row: _Row, position: int) -> torch.Tensor | None:
+        """(V,) bool: the tokens the row's choice-list grammar allows next (None: no grammar, or the planted gap)."""
+        if not row.choices or (self.config.grammar_gap and position == 1):
+            return None
+        text = self.pair.decode(row.generated)
+        mask = torch.zeros(self.pair.vocab_size, dtype=torch.bool)
+        for token, piece in enumerate(self.texts):
+            mask[token] = bool(piece) and token != self.eos and any(c.startswith(text + piece) for c in row.choices)
+        if self.eos is not None and text in row.choices:
+            mask[self.eos] = True
+        return mask
 
     def run(self, rows: list[_Row], max_tokens: int) -> None:
         """Generate for every row of one batch, step by step (the fault, when planted, applies here)."""
@@ -128,12 +179,24 @@ class BatchEngine:
             leaked = rows[0].chain.sampling.temperature
             for r in rows:
                 r.chain = replace(r.chain, sampling=replace(r.chain.sampling, temperature=leaked))
+        if self.config.batch_seeds:  # planted: the row's place in the batch enters its seed
+            for index, r in enumerate(rows):
+                if r.seed is not None and not r.generated:
+                    r.generator = make_generator(r.seed + index)
         V = self.pair.vocab_size
-        for _ in range(max_tokens):
+        for position in range(max_tokens):
             for r in (r for r in rows if not r.finish):
-                probs = chain_probs(self.logits(tuple(r.prompt + r.generated)), r.chain,
-                                    *r.chain.counts(r.prompt, r.generated, V))
+                logits = self.logits(tuple(r.prompt + r.generated))  # (V,)
+                probs = chain_probs(logits, r.chain, *r.chain.counts(r.prompt, r.generated, V))
+                mask = self.allowed(r, position)
+                if mask is not None:  # the grammar: mask, renormalise
+                    probs = torch.where(mask, probs, torch.zeros_like(probs))
+                    if r.chain.sampling.temperature == 0 or float(probs.sum()) <= 0:
+                        masked = torch.where(mask, logits, torch.full_like(logits, -torch.inf))
+                        probs = torch.nn.functional.one_hot(masked.argmax(), V).double()
+                    probs = probs / probs.sum()
                 token = int(sample(probs, r.generator))
+                r.logprobs.append(0.0 if self.config.zero_logprobs else float(torch.log_softmax(logits, -1)[token]))
                 if token == self.eos:
                     r.finish = "stop"
                     continue
@@ -153,8 +216,9 @@ class BatchEngine:
             for s in r.stop:
                 text = text.split(s, 1)[0]
             choice = {"index": index, "text": text, "finish_reason": r.finish}
-            if body.get("logprobs"):
-                choice["logprobs"] = {"content": [{"id": t, "token": self.pair.decode([t])} for t in r.generated]}
+            if body.get("logprobs"):  # as llama-server: the generated tokens, not an end-of-text token
+                choice["logprobs"] = {"content": [{"id": t, "token": self.pair.decode([t]), "logprob": lp}
+                                                  for t, lp in zip(r.generated, r.logprobs)]}
             choices.append(choice)
         return {"object": "text_completion", "model": body.get("model", "target"), "choices": choices,
                 "usage": {"prompt_tokens": len(rows[0].prompt), "completion_tokens": len(rows[0].generated)}}

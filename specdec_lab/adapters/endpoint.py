@@ -410,6 +410,23 @@ def check_prompt_length(reply: dict, expected: int) -> None:
                             "the two do not see the same prompt (an added BOS token?), so p would differ")
 
 
+def choice_logprobs(choice: dict) -> list[float] | None:
+    """The log-probability the server reports for each returned token of one choice (llama-server:
+    ``logprobs.content[i].logprob``; OpenAI's legacy form, vLLM: ``logprobs.token_logprobs``), or None.
+
+    >>> choice_logprobs({"logprobs": {"content": [{"id": 5, "logprob": -1.5}]}}), choice_logprobs({"text": "a"})
+    ([-1.5], None)
+    """
+    logprobs = choice.get("logprobs") or {}
+    content = logprobs.get("content")
+    if content and all("logprob" in entry for entry in content):
+        return [float(entry["logprob"]) for entry in content]
+    values = logprobs.get("token_logprobs")
+    if values and all(v is not None for v in values):
+        return [float(v) for v in values]
+    return None
+
+
 def choice_tokens(choice: dict, token_map: TokenMap, length: int) -> list[int] | None:
     """Token ids of one choice (see the module docstring), or None."""
     if choice.get("token_ids") is not None:  # servers that return ids directly

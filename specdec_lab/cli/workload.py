@@ -15,6 +15,7 @@ from specdec_lab.suite import SuiteSettings
 from specdec_lab import results, verdicts
 from specdec_lab.workload import (DEFAULT_WORKLOAD, ENGINES, WorkloadRun, audit_workload, load_workload, plan_cells,
                                   throughput, two_sample_results)
+from specdec_lab.workload.run import pairs_until_decided
 from specdec_lab.workload.two_sample import verdict_rows as two_sample_verdicts
 
 BUNDLED = {  # --serve-bundled ENGINE -> (llama-server model alias, its reference without speculation)
@@ -81,7 +82,9 @@ def add_workload_parser(kinds) -> None:
     w.add_argument("--until-decided", action="store_true",
                    help="sequential decisions: judge every cell after each round of requests, stop a cell once its "
                         "e-process rejects it or its bound certifies it, go on round-robin over the others until "
-                        "--budget requests are spent (resuming keeps the error rates: specdec_lab/workload/sequential.py)")
+                        "--budget requests are spent (resuming keeps the error rates: specdec_lab/workload/sequential.py); "
+                        "with --reference-url: look 1 at --samples a cell on both servers, then rounds of --samples/4 "
+                        "on the cells their pairs have not decided")
     w.add_argument("--budget", type=int, default=20_000, help="with --until-decided: requests in all (default 20,000)")
     w.add_argument("--plan", action="store_true",
                    help="print each cell's planned m (the samples at which a correct server's bound reaches ε with "
@@ -127,8 +130,8 @@ def cmd_workload(args) -> int:
             raise ValueError("--exclude-cell left no cell")
     if args.samples < 1 or args.concurrency < 1 or not 0 < args.tolerance < 1 or not 0 < args.alpha < 1:
         raise ValueError("need --samples >= 1, --concurrency >= 1, 0 < --tolerance < 1 and 0 < --alpha < 1")
-    if args.until_decided and (args.reference_url or args.budget < 1):
-        raise ValueError("--until-decided needs --budget >= 1 and works in exact mode (without --reference-url)")
+    if args.until_decided and args.budget < 1:
+        raise ValueError("--until-decided needs --budget >= 1")
     if args.reference_url == "bundled" and not args.serve_bundled:
         raise ValueError("--reference-url bundled needs --serve-bundled")
     if args.out is None and not args.plan:
@@ -171,23 +174,30 @@ def cmd_workload(args) -> int:
             bench = throughput(pair, workload, run)
             print(" | ".join(f"{k}: {v:.3g}" if isinstance(v, float) else f"{k}: {v}" for k, v in bench.items()))
             return 0
-        how = (f"until decided, at most {args.budget:,} requests, rounds of {run.round_requests} per cell"
+        how = (f"{args.samples} samples each, then rounds on the undecided cells' pairs, at most {args.budget:,} "
+               "requests" if args.until_decided and reference_url else
+               f"until decided, at most {args.budget:,} requests, rounds of {run.round_requests} per cell"
                if args.until_decided else f"{args.samples} samples each")
         print(f"workload {workload.name!r}: {len(workload.cells)} cells in {len(workload.groups())} group(s), {how}, "
               f"{args.concurrency} requests in flight", flush=True)
-        found = audit_workload(pair, workload, run, budget=args.budget if args.until_decided else None)
-        reference = None
+        reference, two = None, None
         if reference_url:
             # the same seeds as the audited run: each seeded request pairs the two servers' outputs (the coupling
             # certificate); the two-sample route takes independent halves (specdec_lab.workload.two_sample)
             ref_model = (args.model or "target-nodraft") if args.serve_bundled and not on_vllm else model
             ref_run = replace(run, base_url=reference_url, out=args.out / "reference", speculative=False,
                               model=ref_model)
+            if args.until_decided:  # rounds on both servers until each cell's pairs decide it
+                two = pairs_until_decided(pair, workload, run, ref_run, args.budget, np.random.default_rng(args.seed))
+            found = audit_workload(pair, workload, run)  # what is on disk: look 1 holds --samples a cell
             reference = audit_workload(pair, workload, ref_run)
-    return report(args, pair, workload, suite, found, reference)
+        else:
+            found = audit_workload(pair, workload, run, budget=args.budget if args.until_decided else None)
+    return report(args, pair, workload, suite, found, reference, two)
 
 
-def report(args, pair, workload, suite: SuiteSettings, found: dict, reference: dict | None) -> int:
+def report(args, pair, workload, suite: SuiteSettings, found: dict, reference: dict | None,
+           two: pd.DataFrame | None = None) -> int:
     """Print the tables, write ``verdicts.csv``, ``two-sample.csv``, ``summary.txt`` and ``results.json`` into
     ``args.out``; return the exit status (:mod:`specdec_lab.verdicts`)."""
     table = found["table"]
@@ -219,9 +229,10 @@ def report(args, pair, workload, suite: SuiteSettings, found: dict, reference: d
     rows = list(found["rows"])
     status = verdicts.exit_status(r.verdict for r in rows)
     if reference is not None:
-        two = two_sample_results(workload, found["frames"], reference["frames"], suite,
-                                 pair.tokenizer.eos_token_id, np.random.default_rng(args.seed),
-                                 look=max(r.look for r in found["results"]))
+        if two is None:  # one look at what both servers answered
+            two = two_sample_results(workload, found["frames"], reference["frames"], suite,
+                                     pair.tokenizer.eos_token_id, np.random.default_rng(args.seed),
+                                     look=max(r.look for r in found["results"]))
         ref_bound = {r.cell.name: r.tv_upper for r in reference["results"]}
         two["TV(server, p) upper"] = [row["TV upper"] + ref_bound[row["cell"]] for _, row in two.iterrows()]
         print(f"\ntwo-sample mode: TV(server, reference) per cell, simultaneous at {suite.confidence:.0%} (route: "

@@ -1,5 +1,5 @@
 """Exact laws of a workload's cells: tokens 1–2 under a cell's whole sampler chain (penalties, min-p, in the
-engine's order), and the client-visible outcomes of text cells.
+engine's order), the client-visible outcomes of text cells, and the completed text of choice cells.
 
 A cell is anything with ``prompt``, ``stop`` and ``chain(order)`` (:class:`specdec_lab.workload.cells.Cell`).
 """
@@ -11,6 +11,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from specdec_lab.laws.structured import choice_law
 from specdec_lab.laws.target import two_token_logits
 from specdec_lab.sampling import ChainConfig, chain_probs
 
@@ -20,6 +21,7 @@ class Cell(Protocol):
 
     prompt: str
     stop: tuple
+    choice: tuple
 
     def chain(self, order: str) -> ChainConfig: ...
 
@@ -31,6 +33,7 @@ class LawBook:
     def __init__(self, pair, order: str) -> None:
         self.pair, self.order = pair, order
         self._logits: dict[str, torch.Tensor] = {}
+        self._choices: dict[tuple, tuple[dict, np.ndarray]] = {}
         self.texts = [pair.decode([i]) for i in range(pair.vocab_size)]
 
     def prompt_ids(self, prompt: str) -> torch.Tensor:
@@ -78,6 +81,15 @@ class LawBook:
                 law.append(0.0)
             law[index[key]] += float(joint[cell_id])
         return index, np.array(law)
+
+    def choice_outcomes(self, cell: Cell) -> tuple[dict, np.ndarray]:
+        """The outcomes of a choice cell — (completed text, stopped) for each choice — → index, and their exact law
+        (:func:`specdec_lab.laws.structured.choice_law`, computed once per prompt, choices and temperature)."""
+        key = (cell.prompt, tuple(cell.choice), cell.chain(self.order).sampling.temperature)
+        if key not in self._choices:
+            law = choice_law(self.pair, self.prompt_ids(cell.prompt).tolist(), key[1], key[2])
+            self._choices[key] = ({(text, True): i for i, text in enumerate(law)}, np.array(list(law.values())))
+        return self._choices[key]
 
 
 def stop_outcome(tokens: list[int], texts: list[str], stop: tuple, eos: int | None) -> tuple[str, bool]:

@@ -31,6 +31,11 @@ class Cell:
     n: completions per request (OpenAI's ``n``).
     logprobs: ask for logprobs (the token ids then come from them; else from the text, split unambiguously).
     stop: stop strings (the cell then bounds the text of tokens 1–2 cut at the stop, see the module docstring).
+    choice: structured output, a choice list the engine enforces (llama-server's ``grammar``, vLLM's
+        ``structured_outputs.choice``): the cell bounds the law of the completed text, each step's law masked to
+        the tokens that keep the text a prefix of a choice (end-of-text once it is one) and renormalised
+        (:mod:`specdec_lab.laws.structured`); temperature only (no filters or penalties, whose order against the
+        mask engines do not document alike), no stop strings.
     """
 
     name: str
@@ -47,6 +52,7 @@ class Cell:
     n: int = 1
     logprobs: bool = True
     stop: tuple = ()
+    choice: tuple = ()
 
     def chain(self, order: str) -> ChainConfig:
         return ChainConfig(SamplingConfig(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p),
@@ -59,16 +65,24 @@ class Cell:
         return self.temperature == 0.0
 
     @property
+    def structured(self) -> bool:
+        """A choice-list cell: it bounds the law of the completed text."""
+        return bool(self.choice)
+
+    @property
     def observes_text(self) -> bool:
         """A stop string, or no logprobs (so no token ids): the cell bounds the text of tokens 1–2."""
-        return bool(self.stop) or not self.logprobs
+        return not self.structured and (bool(self.stop) or not self.logprobs)
 
     def request_tokens(self, max_tokens: int) -> int:
-        """Tokens asked per request: 2 for a text cell (its law is that of tokens 1–2), else the workload's."""
+        """Tokens asked per request: 2 for a text cell (its law is that of tokens 1–2); a choice cell enough to
+        spell its longest choice and end (every token spells at least one character); else the workload's."""
+        if self.structured:
+            return max(len(c) for c in self.choice) + 1
         return BOUNDED_LENGTH if self.observes_text else max_tokens
 
     def describe(self) -> dict:
-        return {**asdict(self), "stop": list(self.stop)}
+        return {**asdict(self), "stop": list(self.stop), "choice": list(self.choice)}
 
     def label(self) -> str:
         """Short text of the settings that differ from plain T = 1 sampling.
@@ -92,6 +106,8 @@ class Cell:
             parts.append("no logprobs")
         if self.stop:
             parts.append("stop=" + "|".join(json.dumps(s) for s in self.stop))
+        if self.choice:
+            parts.append("choice=" + "|".join(json.dumps(c) for c in self.choice))
         return " ".join(parts)
 
 
@@ -163,7 +179,27 @@ def _check_cell(raw, where: str) -> Cell:
             raise WorkloadError(f"{where}.stop: must be a non-empty string or a list of at most 4, "
                                 f"got {values['stop']!r}")
         values["stop"] = tuple(stop)
+    if "choice" in values:
+        values["choice"] = _check_choice(values, where)
     return Cell(**values)
+
+
+MAX_CHOICE_CHARS = 15  # a choice cell asks for len(longest) + 1 <= 16 tokens
+
+
+def _check_choice(values: dict, where: str) -> tuple:
+    choice = values["choice"]
+    if (not isinstance(choice, list) or not 2 <= len(choice) <= 16 or len(set(choice)) != len(choice)
+            or not all(isinstance(c, str) and 0 < len(c) <= MAX_CHOICE_CHARS for c in choice)):
+        raise WorkloadError(f"{where}.choice: must be a list of 2 to 16 distinct strings of 1 to {MAX_CHOICE_CHARS} "
+                            f"characters, got {choice!r}")
+    chained = [k for k, neutral in (("top_k", None), ("top_p", 1.0), ("min_p", 0.0), ("presence_penalty", 0.0),
+                                    ("frequency_penalty", 0.0), ("repetition_penalty", 1.0))
+               if values.get(k, neutral) != neutral]
+    if chained or values.get("stop"):
+        raise WorkloadError(f"{where}.choice: a choice cell takes a temperature only (its law masks and renormalises "
+                            f"each step's law), not {', '.join(chained) or 'stop'}")
+    return tuple(choice)
 
 
 def parse_workload(raw, source: str = "workload") -> Workload:

@@ -15,7 +15,8 @@ from specdec_lab.workload.cells import Cell, Workload
 
 
 # How a token cell's completion ended, by kind (the counts the table shows; see :func:`token_outcome`)
-ENDINGS = ("2 tokens", "EOS at 1", "EOS at 2", "text", "cut short", "stop without EOS", "unmapped", "impossible text")
+ENDINGS = ("2 tokens", "EOS at 1", "EOS at 2", "text", "choice", "cut short", "stop without EOS", "unmapped",
+           "impossible text")
 IMPOSSIBLE = ("cut short", "stop without EOS", "unmapped", "impossible text")  # endings of probability 0
 
 
@@ -61,7 +62,7 @@ class CellResult:
     def row(self) -> dict:
         d = self.drafting.columns()
         return {"cell": self.cell.name, "group": self.cell.group, "settings": self.cell.label(),
-                "bounded": "text of 1–2" if self.cell.observes_text else "tokens 1–2 + ending",
+                "bounded": bounded(self.cell),
                 "requests": self.requests, "errors": self.errors, "m": self.m, "endings": self.endings_text(),
                 "TV upper": self.tv_upper, "Holm p": self.holm_p, "drafted share": d["drafted share"],
                 "acceptance": d["acceptance"], "look": self.look, "verdict": self.verdict}
@@ -73,6 +74,13 @@ class CellResult:
                         "rejected_by": self.rejected_by, "cell_settings": self.cell.describe()})
         return verdicts.Verdict(self.cell.name, self.verdict, self.m, self.tv_upper, self.holm_p, tolerance,
                                 details=details)
+
+
+def bounded(cell: Cell) -> str:
+    """What a cell's verdict bounds, in a few words."""
+    if cell.structured:
+        return "completed choice"
+    return "text of 1–2" if cell.observes_text else "tokens 1–2 + ending"
 
 
 def token_outcome(tokens: list, finish: str, request_tokens: int, eos: int | None) -> tuple[str, tuple | None]:
@@ -140,15 +148,17 @@ def judge_categorical(counts: np.ndarray, law: np.ndarray, settings: SuiteSettin
     return holm.pvalue, bound.upper, plugin, worst if holm.pvalue < settings.alpha else ""
 
 
-def cell_drafting(frame: pd.DataFrame, m: int, max_tokens: int, speculative: bool) -> drafting_.Drafting:
+def cell_drafting(frame: pd.DataFrame, m: int, max_tokens: int, speculative: bool,
+                  whole: bool = False) -> drafting_.Drafting:
     """Where the server drafted within tokens 1–2, from its per-request ``timings.draft_n`` (llama-server): with
-    ``max_tokens = 3`` a request drafts at most one token, for position 2 (``get_n_draft_max``); with 2 none."""
+    ``max_tokens = 3`` a request drafts at most one token, for position 2 (``get_n_draft_max``); with 2 none.
+    ``whole``: the verdict bounds the whole completion (a choice cell), so a request with any draft counts."""
     if not speculative:
         return drafting_.Drafting(False)
     good = frame[(frame["status"] == 200) & (frame["choice"] >= 0)]
     known = good[good["draft_n"] >= 0]
-    source = "llama-server's per-request timings.draft_n"
-    if len(known) == 0 or len(known) < len(good) or max_tokens > 3:
+    source = "llama-server's per-request timings.draft_n" + (" (a draft anywhere in the completion)" if whole else "")
+    if len(known) == 0 or len(known) < len(good) or (max_tokens > 3 and not whole):
         return drafting_.Drafting(True, source=source, reason="no per-request draft counts (or max_tokens > 3)")
     stats_ = {"drafted@1": 0, "drafted@2": int((known["draft_n"] >= 1).sum()),
               "accepted@2": int((known["draft_accepted"] >= 1).sum()), "sequences": len(known)}
@@ -207,7 +217,8 @@ def judge_cell(cell: Cell, frame: pd.DataFrame, laws: LawBook, workload: Workloa
         result.outcomes, result.outcome_law = outcomes, law
         result.outcome_counts = np.bincount(outcomes, minlength=len(law))
         judge_outcomes(result, outcomes, law, laws.pair.vocab_size, settings, rng)
-    result.drafting = cell_drafting(frame, result.m, cell.request_tokens(workload.max_tokens), speculative)
+    result.drafting = cell_drafting(frame, result.m, cell.request_tokens(workload.max_tokens), speculative,
+                                    whole=cell.structured)
     return result
 
 
@@ -224,8 +235,15 @@ def cell_outcomes(cell: Cell, good: pd.DataFrame, laws: LawBook, workload: Workl
 
     Token cells: outcome x1 * V + x2 of :func:`token_outcome` under :func:`collapse_eos`'s law. Text cells: the
     client-visible outcome of :meth:`LawBook.stop_outcomes`; a finish reason other than stop/length, or a text the
-    law cannot produce, is impossible."""
-    if cell.observes_text:
+    law cannot produce, is impossible. Choice cells: the completed text of :meth:`LawBook.choice_outcomes` (anything
+    but a whole choice ended by the engine is impossible)."""
+    if cell.structured:
+        index, law = laws.choice_outcomes(cell)
+        outcomes = np.array([index.get((t, f == "stop"), len(law)) for t, f in zip(good["text"], good["finish"])],
+                            dtype=np.int64)
+        unknown = int((outcomes == len(law)).sum())
+        endings = {"choice": len(outcomes) - unknown, "impossible text": unknown}
+    elif cell.observes_text:
         index, law = laws.stop_outcomes(cell)
         keys = [(t, f == "stop") if f in ("stop", "length") else None for t, f in zip(good["text"], good["finish"])]
         outcomes = np.array([index.get(k, len(law)) for k in keys], dtype=np.int64)
@@ -253,7 +271,7 @@ def judge_outcomes(result: CellResult, outcomes: np.ndarray, law: np.ndarray, vo
         result.rejected_by = f"{impossible} completion(s) with an outcome of probability 0 ({result.endings_text()})"
         return
     cell = result.cell
-    if cell.observes_text or cell.greedy:
+    if cell.observes_text or cell.greedy or cell.structured:
         result.pvalue, result.tv_upper, result.tv_plugin, result.rejected_by = judge_categorical(
             np.bincount(outcomes, minlength=len(law)), law, settings, rng)
         return
@@ -317,9 +335,10 @@ def plan_cells(laws: LawBook, workload: Workload, tolerance: float, seed: int = 
     cell_confidence = 1.0 - spent(1.0 - confidence, 1) / max(1, len(workload.cells))
     rows = []
     for cell in workload.cells:
-        law = laws.stop_outcomes(cell)[1] if cell.observes_text else laws.joint(cell)
+        law = (laws.choice_outcomes(cell)[1] if cell.structured else
+               laws.stop_outcomes(cell)[1] if cell.observes_text else laws.joint(cell))
         law = law[law > 0]
-        if cell.greedy and not cell.observes_text:
+        if len(law) == 1:  # a point mass
             m = stats.coupling_pairs_needed(tolerance, cell_confidence)
         else:
             m = stats.plan_bound_by_simulation(law, tolerance, confidence=cell_confidence,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from specdec_lab.adapters.endpoint import LLAMA_SERVER_NEUTRAL
@@ -21,16 +22,29 @@ class EngineProfile:
     neutral: tuple
     fields: dict  # our field -> the engine's request field
     counter_rule: str | None = None
+    choice: str = "grammar"  # how a choice list is asked: "grammar" (GBNF, llama-server) or "structured_outputs" (vLLM)
+    logprobs: str = ""  # the law a returned logprob is of ("raw": the model's, before any processing) and where it says so
+    numerics: float = 0.01  # nats / logits: the precision tolerance of a returned logprob or a greedy near-tie
+    seeds: str = ""  # where the engine documents its seed semantics
 
 
 ENGINES = {
     # llama.cpp's llama-server (tools/server/server-schema.cpp), and our own batch server, which speaks the same
-    "llama.cpp": EngineProfile("llama.cpp", LLAMA_SERVER_NEUTRAL + (("repeat_last_n", 64),),
-                               {"repetition_penalty": "repeat_penalty", "n": "n"}),
+    "llama.cpp": EngineProfile(
+        "llama.cpp", LLAMA_SERVER_NEUTRAL + (("repeat_last_n", 64),), {"repetition_penalty": "repeat_penalty", "n": "n"},
+        logprobs="raw: the softmax of the model's logits before sampling (tools/server/server-context.cpp "
+                 "populate_token_probs, post_sampling_probs false)",
+        seeds="a request's choice k is seeded with seed + k (tools/server/server-task.h); the same seed and settings "
+              "replay the same tokens, whatever the batch"),
     # vLLM's OpenAI server (entrypoints/openai/completion/protocol.py at 0.32): top_k, min_p and
     # repetition_penalty are its extra sampling fields; return_token_ids puts the ids in each choice
-    "vllm": EngineProfile("vllm", (("return_token_ids", True),),
-                          {"repetition_penalty": "repetition_penalty", "n": "n"}, counter_rule="uncapped"),
+    "vllm": EngineProfile(
+        "vllm", (("return_token_ids", True),), {"repetition_penalty": "repetition_penalty", "n": "n"},
+        counter_rule="uncapped", choice="structured_outputs",
+        logprobs="raw: log-softmax of the model's logits before any processing (logprobs_mode 'raw_logprobs', the "
+                 "default: vllm/config/model.py)",
+        seeds="a per-request seed makes its sampling reproducible; batch invariance is not promised on every "
+              "platform (docs: reproducibility)"),
 }
 
 
@@ -54,7 +68,19 @@ def request_body(cell: Cell, engine: str, model: str, max_tokens: int, seed: int
         body["logprobs"] = 1
     if cell.stop:
         body["stop"] = list(cell.stop)
+    if cell.choice:
+        body.update({"grammar": choice_grammar(cell.choice)} if profile.choice == "grammar" else
+                    {"structured_outputs": {"choice": list(cell.choice)}})
     return body
+
+
+def choice_grammar(choices: tuple) -> str:
+    """A GBNF grammar (llama.cpp's) whose language is exactly ``choices``.
+
+    >>> choice_grammar((" ay", 'say "no"'))
+    'root ::= " ay" | "say \\\\"no\\\\""'
+    """
+    return "root ::= " + " | ".join(json.dumps(c) for c in choices)
 
 
 def request_seed(run_seed: int, cell_index: int, request: int) -> int:

@@ -13,6 +13,7 @@ import pandas as pd
 from specdec_lab.adapters.endpoint import TokenMap, server_counters
 from specdec_lab.adapters.workload_client import ClientSettings, Outcome, get_text, load_loop, run_jobs
 from specdec_lab.laws.workload import LawBook
+from specdec_lab import verdicts
 from specdec_lab.suite import SuiteSettings
 from specdec_lab.workload.cells import Workload
 from specdec_lab.workload.judge import (CellResult, counter_drafting, final_verdicts, judge_cell, summary_line,
@@ -20,6 +21,7 @@ from specdec_lab.workload.judge import (CellResult, counter_drafting, final_verd
 from specdec_lab.workload.requests import ENGINES, interleaved_jobs
 from specdec_lab.workload.sequential import LookLedger, eprocess_pvalue, spent
 from specdec_lab.workload.store import CellStore, cell_meta, outcome_rows
+from specdec_lab.workload.two_sample import two_sample_results
 
 
 @dataclass(frozen=True)
@@ -191,6 +193,42 @@ def until_decided(pair, workload: Workload, run: WorkloadRun, laws: LawBook, led
                                                  requests={cell.name: 0})[cell.name]
             final[cell.name] = judge_all(workload, [cell], frames, laws, run, ledger, rng, sequential=True)[0]
     return frames, [final[c.name] for c in workload.cells]
+
+
+def pairs_until_decided(pair, workload: Workload, run: WorkloadRun, reference: WorkloadRun, budget: int,
+                        rng: np.random.Generator) -> pd.DataFrame:
+    """Two-sample mode's sequential decisions: look 1 at ``run.samples`` per cell on both servers (the same seeds),
+    then rounds of ``max(run.round_requests, run.samples / 4)`` more samples per undecided cell, until each cell is
+    certified or rejected (or refused, or without samples) or the next round would pass ``budget`` requests to the
+    server under audit. Each round is one look (counted in ``<out>/looks.json`` as ``two-sample``, so a resumed run
+    goes on spending): its bounds and tests at the spent levels (:func:`two_sample_results`), which keeps "every
+    cell's certificate holds" at the run's level however many rounds it takes. Returns the table of each cell's
+    deciding (or last) look."""
+    ledger = LookLedger(run.out)
+    eos = pair.tokenizer.eos_token_id
+    requests = {c.name: math.ceil(run.samples / c.n) for c in workload.cells}
+    step = max(run.round_requests, math.ceil(run.samples / 4))
+    final: dict[str, dict] = {}
+    undecided = list(workload.cells)
+    while undecided:
+        part = replace(workload, cells=tuple(undecided))
+        wanted = {c.name: requests[c.name] for c in undecided}
+        frames = collect_workload(pair, part, run, run.out, requests=wanted)
+        ref_frames = collect_workload(pair, part, reference, reference.out, requests=wanted)
+        look = ledger.take(["two-sample"])["two-sample"]
+        table = two_sample_results(workload, frames, ref_frames, run.suite, eos, rng, look=look, cells=undecided)
+        for row in table.to_dict("records"):
+            final[row["cell"]] = row
+            if verdicts.word(row["verdict"]) not in (verdicts.INCONCLUSIVE, verdicts.NOT_EXERCISED):
+                undecided = [c for c in undecided if c.name != row["cell"]]
+        more = {c.name: math.ceil(step / c.n) for c in undecided}
+        if sum(requests.values()) + sum(more.values()) > budget:
+            break
+        for name, extra in more.items():
+            requests[name] += extra
+    out = pd.DataFrame([final[c.name] for c in workload.cells])
+    out.attrs["confidence"] = table.attrs["confidence"]
+    return out
 
 
 def throughput(pair, workload: Workload, run: WorkloadRun) -> dict:

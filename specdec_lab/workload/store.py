@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from specdec_lab import __version__
-from specdec_lab.adapters.endpoint import TokenMap, choice_tokens
+from specdec_lab.adapters.endpoint import TokenMap, choice_logprobs, choice_tokens
 from specdec_lab.adapters.workload_client import Outcome
 from specdec_lab.workload.cells import Cell, Workload
 
@@ -20,7 +20,7 @@ META_KEY = b"specdec_lab"
 SCHEMA = pa.schema([("request", pa.int64()), ("choice", pa.int64()), ("seed", pa.int64()), ("status", pa.int64()),
                     ("error", pa.string()), ("tokens", pa.list_(pa.int64())), ("text", pa.string()),
                     ("finish", pa.string()), ("draft_n", pa.int64()), ("draft_accepted", pa.int64()),
-                    ("attempts", pa.int64())])
+                    ("attempts", pa.int64()), ("logprobs", pa.list_(pa.float64()))])
 
 
 def cell_meta(cell: Cell, workload: Workload, engine: str, model: str, run_seed: int) -> dict:
@@ -51,7 +51,9 @@ class CellStore:
             found = json.loads(table.schema.metadata[META_KEY])
             if not _same_settings(found, self.meta):
                 raise ValueError(f"{part} holds samples of other settings ({found['cell']}); use another --out")
-            tables.append(table)
+            if "logprobs" not in table.column_names:  # parts written before logprobs were kept
+                table = table.append_column("logprobs", pa.nulls(len(table), pa.list_(pa.float64())))
+            tables.append(table.select(SCHEMA.names))
         if not tables:
             return SCHEMA.empty_table().to_pandas()
         return pa.concat_tables(tables).to_pandas()
@@ -93,7 +95,8 @@ def outcome_rows(outcome: Outcome, token_map: TokenMap, length: int, text_only: 
     for position, choice in enumerate(reply["choices"]):
         ids = [] if text_only else choice_tokens(choice, token_map, length)  # None: the answer maps to no tokens
         rows.append({**base, "choice": int(choice.get("index", position)), "status": 200, "error": None,
-                     "tokens": ids, "text": choice.get("text", ""), "finish": choice.get("finish_reason") or ""})
+                     "tokens": ids, "text": choice.get("text", ""), "finish": choice.get("finish_reason") or "",
+                     "logprobs": choice_logprobs(choice)})
     asked = int(job.body.get("n", 1))
     if len(rows) < asked:  # choices the server left out are failures, not fewer samples
         rows.append({**base, "choice": -1, "status": 200, "tokens": [], "text": "", "finish": "",

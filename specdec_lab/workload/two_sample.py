@@ -38,7 +38,7 @@ def outcome_keys(cell: Cell, frame: pd.DataFrame, request_tokens: int, eos: int 
     """Each answered completion's outcome as a hashable key, indexed by (request, choice); impossible endings keep
     their kind (they are outcomes too: a server that cuts completions short mismatches its reference)."""
     good = frame[(frame["status"] == 200) & (frame["choice"] >= 0)]
-    if cell.observes_text:
+    if cell.observes_text or cell.structured:
         keys = [(t, f) for t, f in zip(good["text"], good["finish"])]
     else:
         keys = []
@@ -79,14 +79,15 @@ def compare_cell(cell: Cell, a: pd.Series, b: pd.Series, confidence: float, n_re
 
 
 def two_sample_results(workload: Workload, frames: dict, reference: dict, settings: SuiteSettings, eos: int | None,
-                       rng: np.random.Generator, look: int = 1) -> pd.DataFrame:
-    """Per cell: TV(server, reference) certified by coupling or two-sample bounds, simultaneous over the cells at
-    ``settings.confidence`` spent for look ``look`` (:func:`specdec_lab.workload.sequential.spent`); Holm across
-    cells on the closeness tests at the spent α; the verdict (:mod:`specdec_lab.verdicts`)."""
+                       rng: np.random.Generator, look: int = 1, cells: list[Cell] | None = None) -> pd.DataFrame:
+    """Per cell of ``cells`` (default: all): TV(server, reference) certified by coupling or two-sample bounds,
+    simultaneous over the workload's cells at ``settings.confidence`` spent for look ``look``
+    (:func:`specdec_lab.workload.sequential.spent`); Holm across the judged cells on the closeness tests at the spent
+    α; the verdict (:mod:`specdec_lab.verdicts`)."""
     confidence = 1.0 - spent(1.0 - settings.confidence, look) / max(1, len(workload.cells))
     settings = replace(settings, alpha=spent(settings.alpha, look))
     rows = []
-    for cell in workload.cells:
+    for cell in cells if cells is not None else workload.cells:
         request_tokens = cell.request_tokens(workload.max_tokens)
         a = outcome_keys(cell, frames[cell.name], request_tokens, eos)
         b = outcome_keys(cell, reference[cell.name], request_tokens, eos)
