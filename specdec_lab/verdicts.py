@@ -42,6 +42,15 @@ NO_SAMPLES = "no samples"
 FAILED = "failed"
 WORDS = (EQUIVALENT, REJECTED, INCONCLUSIVE, NOT_EXERCISED, REFUSED, NO_SAMPLES, FAILED)
 
+# What a server's exact promises came to (specdec_lab.workload.promises): broken is a finding (exit 1); within
+# numerics names differences a non-batch-invariant or lower-precision engine shows without breaking the promise
+KEPT = "kept"
+BROKEN = "broken"
+WITHIN_NUMERICS = "within numerics"
+NOT_CHECKED = "not checked"
+DIAGNOSTIC = "diagnostic"
+PROMISE_WORDS = (KEPT, BROKEN, WITHIN_NUMERICS, NOT_CHECKED, DIAGNOSTIC)
+
 LOSSLESS = "lossless"
 NEGATIVE_CONTROL = "negative control"
 EXPECTED = (LOSSLESS, NEGATIVE_CONTROL)
@@ -131,6 +140,20 @@ def exit_status(verdicts: Iterable[str]) -> int:
     if any(w in (INCONCLUSIVE, NOT_EXERCISED) for w in words):
         return EXIT_INCONCLUSIVE
     return EXIT_CERTIFIED
+
+
+def with_promises(status: int, promises: Iterable[str]) -> int:
+    """The exit status of a run whose cells gave ``status``, once its promises are counted: a broken promise is a
+    finding (1); the others leave it.
+
+    >>> with_promises(0, ["kept", "within numerics", "not checked"]), with_promises(3, ["kept", "broken"])
+    (0, 1)
+    """
+    words = list(promises)
+    unknown = set(words) - set(PROMISE_WORDS)
+    if unknown:
+        raise ValueError(f"unknown promise status {sorted(unknown)[0]!r}; valid: {', '.join(PROMISE_WORDS)}")
+    return EXIT_REJECTED if BROKEN in words else status
 
 
 def expectation_status(rows: Iterable["Verdict"]) -> int:

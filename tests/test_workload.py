@@ -331,8 +331,8 @@ def test_llama_server_default_workload_end_to_end(tmp_path):
     # 40 samples a cell certify nothing: inconclusive cells exit 3 (never 0), a rejection or a failure 1
     record = json.loads((out / "results.json").read_text())
     assert done.returncode == record["exit_status"] != 0, done.stderr[-3000:]
-    assert len(record["rows"]) == 16 and all(row["verdict"] != "equivalent" for row in record["rows"])
-    assert "16 cells:" in done.stdout and "; 0 of" in (out / "summary.txt").read_text(), done.stdout[-3000:]
+    assert len(record["rows"]) == 17 and all(row["verdict"] != "equivalent" for row in record["rows"])
+    assert "17 cells:" in done.stdout and "; 0 of" in (out / "summary.txt").read_text(), done.stdout[-3000:]
     table = pd.read_csv(out / "verdicts.csv")
     single = table[table["bounded"] == "tokens 1–2 + ending"]
     single = single[~single["settings"].str.contains("n=4")]

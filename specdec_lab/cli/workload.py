@@ -15,7 +15,7 @@ from specdec_lab.suite import SuiteSettings
 from specdec_lab import results, verdicts
 from specdec_lab.workload import (DEFAULT_WORKLOAD, ENGINES, WorkloadRun, audit_workload, load_workload, plan_cells,
                                   throughput, two_sample_results)
-from specdec_lab.workload.run import pairs_until_decided
+from specdec_lab.workload.run import check_promises, pairs_until_decided
 from specdec_lab.workload.two_sample import verdict_rows as two_sample_verdicts
 
 BUNDLED = {  # --serve-bundled ENGINE -> (llama-server model alias, its reference without speculation)
@@ -30,7 +30,7 @@ SERVE_PARALLEL = 4  # llama-server slots (-np): continuous batching of four sequ
 SERVE_BATCH = 128  # llama-server's prefill chunk (-b/-ub); the default workload's long prompts exceed it
 EXIT_STATUS = """exit status:
   0  every judged cell certified (equivalent: TV bound <= ε, simultaneously over the cells)
-  1  some cell rejected, or the server failed or refused requests
+  1  some cell rejected, a promise broken (logprobs, seeds, greedy), or the server failed or refused requests
   3  nothing rejected, but some cell inconclusive (not a pass: more samples needed; --plan says how many)
   2  usage or input error"""
 
@@ -92,6 +92,9 @@ def add_workload_parser(kinds) -> None:
     w.add_argument("--bench", action="store_true",
                    help="throughput only: the audit's requests/s against a plain load loop's (same requests, same "
                         "concurrency, same server; order plain, audit, plain); no verdicts")
+    w.add_argument("--no-promises", action="store_true",
+                   help="skip the exact promises (logprobs, seeds under batching, greedy, acceptance) and the ≤ 7.5%% "
+                        "more requests their seed check sends")
     w.add_argument("--quiet", action="store_true")
     add_pair_arguments(w)
     w.set_defaults(func=cmd_workload)
@@ -193,11 +196,13 @@ def cmd_workload(args) -> int:
             reference = audit_workload(pair, workload, ref_run)
         else:
             found = audit_workload(pair, workload, run, budget=args.budget if args.until_decided else None)
-    return report(args, pair, workload, suite, found, reference, two)
+        checks = [] if args.no_promises else check_promises(pair, workload, run, found,
+                                                            LawBook(pair, ENGINES[args.engine].order), reference)
+    return report(args, pair, workload, suite, found, reference, two, checks)
 
 
 def report(args, pair, workload, suite: SuiteSettings, found: dict, reference: dict | None,
-           two: pd.DataFrame | None = None) -> int:
+           two: pd.DataFrame | None = None, checks: list | None = None) -> int:
     """Print the tables, write ``verdicts.csv``, ``two-sample.csv``, ``summary.txt`` and ``results.json`` into
     ``args.out``; return the exit status (:mod:`specdec_lab.verdicts`)."""
     table = found["table"]
@@ -244,6 +249,12 @@ def report(args, pair, workload, suite: SuiteSettings, found: dict, reference: d
         rows += two_rows
         exact_rejected = status == verdicts.EXIT_REJECTED
         status = verdicts.EXIT_REJECTED if exact_rejected else verdicts.exit_status(r.verdict for r in two_rows)
+    promise_rows = [c.row() for c in checks or []]
+    if promise_rows:
+        print("\npromises checked exactly (specdec_lab/workload/promises.py): broken is a finding (exit 1)")
+        _print_table(pd.DataFrame(promise_rows))
+        pd.DataFrame(promise_rows).to_csv(args.out / "promises.csv", index=False)
+        status = verdicts.with_promises(status, [c.status for c in checks])
     line = found["summary"]
     (args.out / "summary.txt").write_text(line + "\n")
     print(line)
@@ -253,8 +264,10 @@ def report(args, pair, workload, suite: SuiteSettings, found: dict, reference: d
     settings = {key: value for key, value in vars(args).items() if key != "func"}
     path = results.write(args.out / "results.json", results.document(
         "audit workload", rows, settings=settings, models=results.model_identity(pair), exit_status=status,
-        extra={"workload": workload.describe(), "summary": line, "workload_bound": overall}))
+        extra={"workload": workload.describe(), "summary": line, "workload_bound": overall,
+               "promises": [verdicts.plain(r) for r in promise_rows]}))
     print(f"results: {path}")
-    print({0: "every judged cell certified (exit 0)", 1: "a cell is rejected or the server failed requests (exit 1)",
+    print({0: "every judged cell certified (exit 0)",
+           1: "a cell is rejected, a promise broken, or the server failed requests (exit 1)",
            3: "nothing rejected, but some cell is inconclusive: not a pass (exit 3)"}[status])
     return status

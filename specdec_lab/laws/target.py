@@ -32,11 +32,12 @@ class TwoTokenLaw:
 
 
 @torch.no_grad()
-def two_token_logits(pair, prompt_ids: torch.Tensor) -> tuple[torch.Tensor, Decoder]:
-    """The target's logits (V, 2, V) float64 after the prompt (row x1, position 0: after the prompt; position 1:
-    after the prompt and x1), from one forward of V chains, and the decoder holding them."""
+def two_token_logits(pair, prompt_ids: torch.Tensor, model=None) -> tuple[torch.Tensor, Decoder]:
+    """The target's (or ``model``'s, e.g. the draft's) logits (V, 2, V) float64 after the prompt (row x1, position
+    0: after the prompt; position 1: after the prompt and x1), from one forward of V chains, and the decoder holding
+    them."""
     V = pair.vocab_size
-    decoder = Decoder(pair.target, V, V, pair.device)
+    decoder = Decoder(pair.target if model is None else model, V, V, pair.device)
     decoder.prefill(prompt_ids[:-1])
     inputs = torch.stack([prompt_ids[-1:].to(pair.device).expand(V), torch.arange(V, device=pair.device)], 1)
     return decoder.feed(inputs), decoder

@@ -22,7 +22,7 @@ are ``N_i`` over ``m`` samples. One module per idea:
 """
 
 from specdec_lab.stats.bounds import FLOOR_MULTIPLES, TV_ROUTES, BoundPlan, TVBound, expected_tv_bound, tv_upper_bound
-from specdec_lab.stats.coupling import clopper_pearson_upper, coupling_pairs_needed, coupling_tv_upper
+from specdec_lab.stats.coupling import binomial_tail, clopper_pearson_upper, coupling_pairs_needed, coupling_tv_upper
 from specdec_lab.stats.holder import (SKEW_CAP, KeptSetTest, deviation_shapes, holder_statistic, holder_statistics,
                                       poisson_quadratic_k3, skew_k3_coefficients, skew_lift)
 from specdec_lab.stats.plugin import (expected_tv_plugin, kl_miller_madow, plugin_margin, tv_plugin,
@@ -45,5 +45,5 @@ __all__ = [
     "pit_ks_test", "plan_bound_by_simulation", "poisson_quadratic_k3", "plan_sample_size", "plan_tv_bound_samples",
     "plan_two_sample_bound",
     "power_chisquare", "randomized_pit", "skew_k3_coefficients", "skew_lift", "tv_plugin", "tv_upper_bound", "two_sample_tv_upper",
-    "uniformity_test", "clopper_pearson_upper", "coupling_pairs_needed", "coupling_tv_upper",
+    "uniformity_test", "binomial_tail", "clopper_pearson_upper", "coupling_pairs_needed", "coupling_tv_upper",
 ]

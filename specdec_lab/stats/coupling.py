@@ -29,6 +29,18 @@ def clopper_pearson_upper(k: int, n: int, confidence: float = 0.99) -> float:
     return float(sps.beta.isf(1.0 - confidence, k + 1, n - k))
 
 
+def binomial_tail(k: int, n: int, rate: float) -> float:
+    """P(K >= k) for K ~ Binomial(n, rate): the one-sided p-value of ``k`` events in ``n`` trials against a rate of
+    at most ``rate``.
+
+    >>> round(binomial_tail(1, 100, 0.01), 4), round(binomial_tail(10, 100, 0.01), 8)
+    (0.634, 7.63e-06)
+    """
+    if not 0 <= k <= n:
+        raise ValueError(f"need 0 <= k <= n, got k = {k}, n = {n}")
+    return float(sps.binom.sf(k - 1, n, rate))
+
+
 def coupling_tv_upper(mismatches: int, pairs: int, confidence: float = 0.99) -> float:
     """Upper confidence bound on TV between two laws from ``pairs`` i.i.d. coupled draws of which ``mismatches``
     differ: the Clopper–Pearson bound on P(X ≠ Y) (see the module docstring)."""

@@ -99,10 +99,10 @@ def interleaved_jobs(workload: Workload, requests: dict[str, list[int]], engine:
     jobs = []
     index_of = {c.name: i for i, c in enumerate(workload.cells)}
     for cells in workload.groups().values():
-        longest = max((len(requests[c.name]) for c in cells), default=0)
+        longest = max((len(requests.get(c.name, ())) for c in cells), default=0)
         for k in range(longest):
             for cell in cells:
-                if k < len(requests[cell.name]):
+                if k < len(requests.get(cell.name, ())):
                     r = requests[cell.name][k]
                     # seeds spaced by n: llama-server (server-task.h add_child) and vLLM seed a request's choice k
                     # with seed + k, so consecutive seeds would make request r's choice k request r + k's choice 0

@@ -18,6 +18,7 @@ from specdec_lab.suite import SuiteSettings
 from specdec_lab.workload.cells import Workload
 from specdec_lab.workload.judge import (CellResult, counter_drafting, final_verdicts, judge_cell, summary_line,
                                         workload_bound)
+from specdec_lab.workload import promises
 from specdec_lab.workload.requests import ENGINES, interleaved_jobs
 from specdec_lab.workload.sequential import LookLedger, eprocess_pvalue, spent
 from specdec_lab.workload.store import CellStore, cell_meta, outcome_rows
@@ -193,6 +194,47 @@ def until_decided(pair, workload: Workload, run: WorkloadRun, laws: LawBook, led
                                                  requests={cell.name: 0})[cell.name]
             final[cell.name] = judge_all(workload, [cell], frames, laws, run, ledger, rng, sequential=True)[0]
     return frames, [final[c.name] for c in workload.cells]
+
+
+def resend_seeded(pair, workload: Workload, frames: dict, run: WorkloadRun) -> dict[str, dict[str, pd.DataFrame]]:
+    """Send a share of each seeded cell's answered requests again (:func:`promises.resend_plan`), with the same
+    bodies and seeds: once alone (one request in flight) and once interleaved with as many unseeded requests of
+    other settings at the run's concurrency. Returns ``{"alone" | "mixed": {cell: rows}}`` (rows as
+    :func:`outcome_rows` writes them); nothing is written to the cells' files."""
+    token_map = TokenMap(pair.tokenizer, pair.vocab_size)
+    cells = {c.name: c for c in workload.cells}
+    jobs = interleaved_jobs(workload, promises.resend_plan(workload, frames), run.engine, run.model, run.seed)
+    filler = promises.fillers(workload, jobs, run.engine, run.model)
+    mixed = [job for pair_ in zip(jobs, filler) for job in pair_]
+    found: dict[str, dict[str, list]] = {}
+    for mode, todo, client in (("alone", jobs, replace(run.client, concurrency=1, progress=False)),
+                               ("mixed", mixed, replace(run.client, progress=False))):
+        rows = found.setdefault(mode, {})
+
+        def keep(outcome: Outcome, rows=rows) -> None:
+            cell = cells.get(outcome.job.key)
+            if cell is not None:
+                rows.setdefault(cell.name, []).extend(outcome_rows(
+                    outcome, token_map, cell.request_tokens(workload.max_tokens), cell.observes_text))
+        run_jobs(run.base_url, todo, client, keep)
+    return {mode: {name: pd.DataFrame(rows) for name, rows in by_cell.items()} for mode, by_cell in found.items()}
+
+
+def check_promises(pair, workload: Workload, run: WorkloadRun, found: dict, laws: LawBook,
+                   reference: dict | None = None) -> list[promises.Promise]:
+    """The exact promises of :mod:`specdec_lab.workload.promises` for one judged run (``found``:
+    :func:`audit_workload`'s result); resends a share of the seeded requests (≤ 7.5 % more requests)."""
+    profile = ENGINES[run.engine]
+    frames = found["frames"]
+    resent = resend_seeded(pair, workload, frames, run)
+    checks = [promises.check_logprobs(workload, frames, laws, profile),
+              promises.check_seeds(workload, frames, resent, run.suite.alpha, profile),
+              promises.check_greedy(workload, frames, pair, profile, laws)]
+    if reference is not None:
+        checks.append(promises.check_greedy(workload, frames, pair, profile, laws, reference["frames"]))
+    if run.speculative:
+        checks.append(promises.check_acceptance(promises.acceptance_rows(workload, found["results"], laws)))
+    return checks
 
 
 def pairs_until_decided(pair, workload: Workload, run: WorkloadRun, reference: WorkloadRun, budget: int,
