@@ -347,6 +347,13 @@ def test_llama_server_default_workload_end_to_end(tmp_path):
                 context = torch.cat([ids, torch.tensor([int(tokens[0])])])[None]
                 proposal = int(pair.draft(context).logits[0, -1, : pair.vocab_size].argmax())
             assert (proposal == int(tokens[1])) == (accepted == 1)
+    # the promises: this llama-server reports logprob 0.0 for every token its speculative step emits (token 2 here:
+    # docs/audit-workload.md, docs/repro/llama_server_logprobs_speculative.py), and keeps the others
+    promises = {row["promise"]: row for row in record["promises"]}
+    assert promises["logprobs"]["status"] == "broken" and "position 1: 0, position 2:" in promises["logprobs"]["detail"]
+    assert "returned 0.0" in promises["logprobs"]["first"], promises["logprobs"]
+    assert promises["seeds under batching"]["status"] == "kept" and promises["greedy"]["status"] == "kept"
+    assert table.set_index("cell").loc["choice", "endings"] == "choice 40"  # the grammar held
 
 
 # ------------------------------------------------------------------------------------------ exit status, coupling, looks

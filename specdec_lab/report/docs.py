@@ -53,7 +53,7 @@ def field(row: dict, name: str):
 
 def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    lines += ["| " + " | ".join(str(cell).replace("|", "\\|") for cell in row) + " |" for row in rows]
     return "\n".join(lines)
 
 
@@ -148,11 +148,32 @@ def view_two_sample(doc: dict, rows: list[dict]) -> tuple[list[str], list[list[s
     return headers, body
 
 
+def view_promises(doc: dict, rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """``audit workload``'s exact promises (its document's ``promises``): status, how many checked and broken, what
+    was found and the first one that broke it."""
+    headers = ["promise", "status", "checked", "broken", "what was found", "first"]
+    body = [[r["promise"], f"**{r['status']}**" if r["status"] == "broken" else r["status"], fmt_number(r["checked"]),
+             fmt_number(r["broken"]), r["detail"].split(". The engine:")[0], r.get("first", "")]
+            for r in doc.get("promises", [])]
+    return headers, body
+
+
+def view_cells(doc: dict, rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """``audit workload``'s cells in exact mode (the rows not against a reference)."""
+    headers = ["cell", "settings", "m", "endings", "TV upper", "Holm p", "drafted share", "acceptance", "look", "verdict"]
+    body = [[r["sampler"], r.get("settings", ""), fmt_number(r["m"]), r.get("endings", ""),
+             fmt_number(r["tv_upper"], ".4f"), fmt_number(r.get("holm_p"), ".3g"), r.get("drafted share", ""),
+             fmt_number(r.get("acceptance"), ".3f"), fmt_number(r.get("look")), r["verdict"]]
+            for r in rows if not r["sampler"].endswith(" vs reference")]
+    return headers, body
+
+
 def _int(value):
     return None if value is None else int(value)
 
 
-VIEWS: dict[str, Callable] = {"columns": view_columns, "verify": view_verify, "two-sample": view_two_sample}
+VIEWS: dict[str, Callable] = {"columns": view_columns, "verify": view_verify, "two-sample": view_two_sample,
+                              "promises": view_promises, "cells": view_cells}
 
 
 # ------------------------------------------------------------------------------------------ pages

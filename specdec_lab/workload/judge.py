@@ -183,6 +183,14 @@ def counter_drafting(results: list[CellResult], answered: dict[str, int], counte
     """
     found = drafting_.position_two_from_counters(counters, max_tokens, rule) if counters else {}
     sequences = sum(answered.values())
+    longer = [r.cell.name for r in results if answered.get(r.cell.name) and r.cell.request_tokens(max_tokens) > max_tokens]
+    if longer:  # a cell asking more tokens drafts more steps: the counters no longer attribute token 2 exactly
+        found = {}
+        reason = (f"not attributable: cell {longer[0]} asks more than {max_tokens} tokens, so the run's counters mix "
+                  "its later drafts in (run it apart, or --exclude-cell it)")
+        for r in results:
+            r.drafting = drafting_.Drafting(True, source="the server's aggregate counters", reason=reason)
+        return
     if not found or not sequences or found["drafted@2"] > sequences:  # > : other traffic, or the rule does not hold
         reason = (drafting_.UNATTRIBUTED if not found or not sequences else
                   f"the counters saw {found['drafted@2']} verification steps for {sequences} sequences: not this run's")

@@ -74,7 +74,7 @@ def check_logprobs(workload: Workload, frames: dict, laws: LawBook, profile: Eng
     """Compare every returned logprob of tokens 1–2 with the exact raw log-probability (the profile's convention)."""
     name = "logprobs"
     checked, bad, worst, example = 0, 0, 0.0, {}
-    by_position = [0, 0]
+    by_position, by_cell = [0, 0], {}
     for cell in workload.cells:
         if cell.observes_text or not cell.logprobs:
             continue
@@ -93,13 +93,16 @@ def check_logprobs(workload: Workload, frames: dict, laws: LawBook, profile: Eng
                 if gap > profile.numerics:
                     bad += 1
                     by_position[position] += 1
+                    by_cell[cell.name] = by_cell.get(cell.name, 0) + 1
                     example = example or {"cell": cell.name, "request": row.request, "position": position + 1,
                                           "token": tokens[position], "returned": round(returned[position], 6),
                                           "exact": round(exact, 6)}
     if not checked:
         return Promise(name, verdicts.NOT_CHECKED, detail="no cell returned log-probabilities with token ids")
+    cells = ", ".join(f"{name} {n}" for name, n in by_cell.items())
     detail = (f"{bad} of {checked} returned logprobs off the exact raw value by more than {profile.numerics:g} nats "
-              f"(position 1: {by_position[0]}, position 2: {by_position[1]}; largest |Δ| {worst:.3g})")
+              f"(position 1: {by_position[0]}, position 2: {by_position[1]}; largest |Δ| {worst:.3g})"
+              + (f"; by cell: {cells}" if cells else ""))
     return Promise(name, verdicts.BROKEN if bad else verdicts.KEPT, checked, bad, detail, example)
 
 
