@@ -80,3 +80,22 @@ def test_choice_law_sums_over_tokenizations(pair):
     with pytest.raises(WorkloadError, match="temperature only"):
         parse_workload({"cells": [{"name": "c", "prompt": "x", "choice": ["a", "b"], "top_k": 5}]})
     assert Cell("c", "x", choice=("ab", "c")).request_tokens(3) == 3
+
+
+def test_greedy_comparison_tells_near_ties_from_divergences(pair):
+    """Two greedy completions of one request: equal, or differing at a token whose logit is far below the largest (a
+    real divergence, naming the side off the argmax), or within the numerics of it (a near tie)."""
+    from specdec_lab.workload.promises import GreedyOracle, compare_greedy
+
+    cell = Cell("g", "ROMEO:\n", temperature=0.0)
+    prompt = pair.encode(cell.prompt).tolist()
+    oracle = GreedyOracle(pair, "llama.cpp")
+    first = int(oracle.logits(cell, prompt, []).argmax())
+    logits = oracle.logits(cell, prompt, [first])
+    best, worst = int(logits.argmax()), int(logits.argmin())
+    assert compare_greedy(oracle, cell, prompt, [first, best], [first, best], 0.01)[0] == "same"
+    kind, found = compare_greedy(oracle, cell, prompt, [first, worst], [first, best], 0.01)
+    assert kind == "divergence" and found["position"] == 2 and found["off the argmax"] == "server"
+    gap = float(logits[best] - logits[worst])
+    assert compare_greedy(oracle, cell, prompt, [first, worst], [first, best], gap + 1)[0] == "near tie"
+    assert oracle.classify(cell, prompt, [first, best], 0.01) == ("argmax", -1, 0.0)

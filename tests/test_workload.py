@@ -353,6 +353,7 @@ def test_llama_server_default_workload_end_to_end(tmp_path):
     assert promises["logprobs"]["status"] == "broken" and "position 1: 0, position 2:" in promises["logprobs"]["detail"]
     assert "returned 0.0" in promises["logprobs"]["first"], promises["logprobs"]
     assert promises["seeds under batching"]["status"] == "kept" and promises["greedy"]["status"] == "kept"
+    assert promises["acceptance"]["status"] == "diagnostic" and promises["acceptance"]["checked"] >= 10
     assert table.set_index("cell").loc["choice", "endings"] == "choice 40"  # the grammar held
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -112,6 +113,7 @@ def cmd_workload(args) -> int:
 
     from specdec_lab.models import pair_from_args
 
+    args.started = time.monotonic()  # the wall time results.json records runs from here
     workload = load_workload(args.workload)  # validated before anything touches the disk
     on_vllm = bool(args.serve_bundled) and args.serve_bundled.startswith("vllm-")
     if args.patch is not None and not on_vllm:
@@ -261,11 +263,14 @@ def report(args, pair, workload, suite: SuiteSettings, found: dict, reference: d
     if not any((frame["status"] > 0).any() for frame in found["frames"].values()):
         print("error: the server never answered (is it up? see the errors above)")
         return verdicts.EXIT_USAGE
-    settings = {key: value for key, value in vars(args).items() if key != "func"}
+    settings = {key: value for key, value in vars(args).items() if key not in ("func", "started")}
     path = results.write(args.out / "results.json", results.document(
         "audit workload", rows, settings=settings, models=results.model_identity(pair), exit_status=status,
         extra={"workload": workload.describe(), "summary": line, "workload_bound": overall,
-               "promises": [verdicts.plain(r) for r in promise_rows]}))
+               "promises": [verdicts.plain(r) for r in promise_rows],
+               "wall_seconds": round(time.monotonic() - getattr(args, "started", time.monotonic()), 1),
+               "requests": {"server": sum(r.requests for r in found["results"]),
+                            "reference": sum(r.requests for r in reference["results"]) if reference else 0}}))
     print(f"results: {path}")
     print({0: "every judged cell certified (exit 0)",
            1: "a cell is rejected, a promise broken, or the server failed requests (exit 1)",

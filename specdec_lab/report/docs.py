@@ -148,6 +148,22 @@ def view_two_sample(doc: dict, rows: list[dict]) -> tuple[list[str], list[list[s
     return headers, body
 
 
+def view_certificate(doc: dict, rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """One line of a two-sample run: how many seeded cells the coupling certified, the pairs it took, the requests
+    and the wall time of the whole command (``wall_seconds``, ``requests`` of its document)."""
+    pairs = [r for r in rows if r["sampler"].endswith(" vs reference") and r.get("pairs") is not None]
+    certified = [r for r in pairs if r["verdict"] == "equivalent"]
+    wall = doc.get("wall_seconds")
+    requests = doc.get("requests", {})
+    headers = ["seeded cells certified ≤ ε", "largest TV(server, reference) upper", "pairs per cell", "requests (server + reference)",
+               "wall time"]
+    body = [[f"{len(certified)} of {len(pairs)}", fmt_number(max((r["tv_upper"] for r in pairs), default=None), ".4f"),
+             _span([int(r["pairs"]) for r in pairs]),
+             fmt_number(requests.get("server", 0) + requests.get("reference", 0)),
+             "" if wall is None else f"{int(wall // 60)} min {int(wall % 60)} s"]]
+    return headers, body
+
+
 def view_promises(doc: dict, rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     """``audit workload``'s exact promises (its document's ``promises``): status, how many checked and broken, what
     was found and the first one that broke it."""
@@ -168,12 +184,20 @@ def view_cells(doc: dict, rows: list[dict]) -> tuple[list[str], list[list[str]]]
     return headers, body
 
 
+def _span(values: list[int]) -> str:
+    """'1,000' or '1,000–3,250'."""
+    if not values:
+        return ""
+    low, high = min(values), max(values)
+    return fmt_number(low) if low == high else f"{fmt_number(low)}–{fmt_number(high)}"
+
+
 def _int(value):
     return None if value is None else int(value)
 
 
 VIEWS: dict[str, Callable] = {"columns": view_columns, "verify": view_verify, "two-sample": view_two_sample,
-                              "promises": view_promises, "cells": view_cells}
+                              "promises": view_promises, "cells": view_cells, "certificate": view_certificate}
 
 
 # ------------------------------------------------------------------------------------------ pages

@@ -214,12 +214,12 @@ class GreedyOracle:
         return kind, where, gap
 
 
-def check_greedy(workload: Workload, frames: dict, pair, profile: EngineProfile, laws: LawBook,
+def check_greedy(workload: Workload, frames: dict, laws: LawBook, profile: EngineProfile,
                  reference: dict | None = None) -> Promise:
     """Every T = 0 token-cell completion against the exact argmax (and, with ``reference``, against the reference
     server's completion of the same request)."""
     name = "greedy" if reference is None else "greedy vs reference"
-    oracle = GreedyOracle(pair, profile.order)
+    oracle = GreedyOracle(laws.pair, profile.order)
     checked, counts, first = 0, {"near tie": 0, "divergence": 0}, {}
     for cell in workload.cells:
         if not cell.greedy or cell.observes_text or cell.structured:
@@ -282,7 +282,8 @@ def acceptance_rows(workload: Workload, results: list, laws: LawBook) -> list[di
     proposals: dict[str, np.ndarray] = {}
     for r in results:
         cell, d = r.cell, r.drafting
-        if cell.observes_text or cell.structured or d.position != 2 or d.acceptance is None or not d.share:
+        if (cell.observes_text or cell.structured or d.position != 2 or d.acceptance is None or not d.share
+                or "per-request" not in d.source):  # aggregate counters: the run's, and maybe not this draft's
             continue
         if cell.prompt not in proposals:
             draft_logits, _ = two_token_logits(pair, laws.prompt_ids(cell.prompt), model=pair.draft)  # (V, 2, V)

@@ -229,9 +229,9 @@ def check_promises(pair, workload: Workload, run: WorkloadRun, found: dict, laws
     resent = resend_seeded(pair, workload, frames, run)
     checks = [promises.check_logprobs(workload, frames, laws, profile),
               promises.check_seeds(workload, frames, resent, run.suite.alpha, profile),
-              promises.check_greedy(workload, frames, pair, profile, laws)]
+              promises.check_greedy(workload, frames, laws, profile)]
     if reference is not None:
-        checks.append(promises.check_greedy(workload, frames, pair, profile, laws, reference["frames"]))
+        checks.append(promises.check_greedy(workload, frames, laws, profile, reference["frames"]))
     if run.speculative:
         checks.append(promises.check_acceptance(promises.acceptance_rows(workload, found["results"], laws)))
     return checks
