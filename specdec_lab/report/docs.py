@@ -184,6 +184,13 @@ def view_cells(doc: dict, rows: list[dict]) -> tuple[list[str], list[list[str]]]
     return headers, body
 
 
+def view_two_sample_looks(doc: dict, rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """:func:`view_two_sample` with the look that decided each cell (``--until-decided``)."""
+    headers, body = view_two_sample(doc, rows)
+    looks = [fmt_number(_int(r.get("look"))) for r in rows if r["sampler"].endswith(" vs reference")]
+    return headers[:-1] + ["look", headers[-1]], [b[:-1] + [look, b[-1]] for b, look in zip(body, looks)]
+
+
 def _span(values: list[int]) -> str:
     """'1,000' or '1,000–3,250'."""
     if not values:
@@ -197,7 +204,8 @@ def _int(value):
 
 
 VIEWS: dict[str, Callable] = {"columns": view_columns, "verify": view_verify, "two-sample": view_two_sample,
-                              "promises": view_promises, "cells": view_cells, "certificate": view_certificate}
+                              "promises": view_promises, "cells": view_cells, "certificate": view_certificate,
+                              "two-sample-looks": view_two_sample_looks}
 
 
 # ------------------------------------------------------------------------------------------ pages
