@@ -259,7 +259,9 @@ def audit(pair, sampler, n: int, length: int, path: str | Path, *, prompt: str =
     path : path
         Parquet file of the samples; an interrupted collection resumes, a finished one is reloaded.
     scored_at : SamplingConfig, optional
-        The target law to test against; default ``sampler.sampling``.
+        The target law to test against; default ``sampler.sampling``, or, for a sampler whose ``chained`` is true
+        (min-p, penalties: :class:`specdec_lab.adapters.mlx.MlxConfig`), its ``chain``'s exact law
+        (:func:`chain_law`; two-token samples only).
     expected : {"lossless", "negative control"}
         What a correct call is; recorded in the summary's "correct call" column.
     batch_size : int

@@ -7,7 +7,7 @@ then a missing environment fails the module, so CI runs the engine for real.
 
 What is checked, each against the real engine:
 - mlx-lm's Llama on the bundled target is our target: its greedy tokens equal our argmax decode, token for token,
-  over 12 prompts × 32 tokens;
+  over 4 of the 12 identity prompts × 32 tokens (our uncached argmax decode is the slow half; all 12 pass too);
 - speculative greedy (the bundled draft, K = 4) equals mlx-lm's own plain greedy, token for token;
 - a speculative row (T = 1) is not rejected, with mlx-lm's own from_draft flags placing a draft at tokens 1 and 2 in
   every request; a planted wrong law through the same adapter (asked for T = 0.7, scored at T = 1) is rejected;
@@ -41,7 +41,7 @@ def stop_workers():
 
 
 def test_mlx_target_is_our_target(pair):
-    rows = mlx.greedy_identity(pair, IDENTITY_PROMPTS, length=32)
+    rows = mlx.greedy_identity(pair, IDENTITY_PROMPTS[:4], length=32)
     assert all(row["identical"] for row in rows), rows
 
 
