@@ -197,6 +197,22 @@ def sample(prompt: torch.Tensor, n: int, length: int, config: MlxConfig, generat
     return SampleResult(torch.tensor(rows, dtype=torch.long), None, totals)
 
 
+def exact_acceptance(pair, prompt: torch.Tensor, sampling: SamplingConfig) -> tuple[float, float]:
+    """The acceptance mlx-lm's equality rule must show at tokens 1 and 2 (k ≥ 2, L = 2), from the exact laws of the
+    local pair: a draft x ~ q is kept iff the target's own draw y ~ p equals it, so token 1's acceptance is
+    Σ_x p(x)q(x), and token 2's (drafted in every request, after a token 1 whose law is p either way) is
+    E_{x1 ~ p} Σ_x p(x | x1) q(x | x1). Speculative sampling would accept Σ_x min(p(x), q(x))."""
+    from dataclasses import replace
+
+    from specdec_lab.laws.target import two_token_logits
+    from specdec_lab.sampling import to_probs
+
+    p = to_probs(two_token_logits(pair, prompt)[0], sampling)  # (V, 2, V): row x1; after the prompt, after x1
+    q = to_probs(two_token_logits(replace(pair, target=pair.draft), prompt)[0], sampling)  # the draft's
+    first = p[0, 0]  # (V,)
+    return float((first * q[0, 0]).sum()), float((first * (p[:, 1] * q[:, 1]).sum(-1)).sum())
+
+
 def greedy_tokens(method: str, prompt: torch.Tensor, length: int, k: int = 4) -> list[int]:
     """mlx-lm's greedy (T = 0) continuation of ``prompt`` ((P,) ids) with ``method``: ``length`` ids."""
     job = MlxConfig(method=method, sampling=SamplingConfig(temperature=0.0), k=k).job(prompt, [0], length)

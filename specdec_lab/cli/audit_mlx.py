@@ -31,9 +31,12 @@ TABLE = (
     ("none", SamplingConfig(), 0.0, 1.3, None, verdicts.LOSSLESS, FIXED),  # the same chain without speculation
     ("draft_model", SamplingConfig(temperature=0.7), 0.0, 1.0, SamplingConfig(), verdicts.NEGATIVE_CONTROL, FIXED),
 )
+# "acceptance (token 2)": mlx-lm's own count of accepted drafts at token 2 (from_draft); "exact Σ p·q": what its
+# equality rule must accept there, from the local pair's exact laws (mlx.exact_acceptance; rows without min-p/penalty)
 COLUMNS = [["method", "method"], ["settings", "settings"], ["m", "m"], ["TV upper 99% (tokens 1–2)", "tv_upper", ".4f"],
            ["token 1", "TV upper 99% (token 1)", ".4f"], ["drafted share", "drafted share"],
-           ["acceptance", "acceptance"], ["Holm p", "holm_p", ".3g"], ["samples/s", "samples/s", ".0f"],
+           ["acceptance (token 2)", "accepted share@2", ".4f"], ["exact Σ p·q", "exact acceptance@2", ".4f"],
+           ["Holm p", "holm_p", ".3g"], ["samples/s", "samples/s", ".0f"],
            ["expected", "expected"], ["verdict", "verdict"]]
 
 
@@ -90,6 +93,11 @@ def cmd_table(args) -> int:
                        progress=not args.quiet)
         row = result.verdict_row()
         row.details["method"] = method if method == "none" else f"{method} K={args.k}"
+        stats = result.samples.meta["stats"]
+        if method != "none":  # the acceptance mlx-lm's equality rule must show, from the exact laws (filters only)
+            row.details["accepted share@2"] = stats["accepted@2"] / stats["drafted@2"]
+            if not config.chained:
+                row.details["exact acceptance@2"] = mlx.exact_acceptance(pair, pair.encode(prompt), sampling)[1]
         rows.append(row)
         print(f"{row.sampler} · {row.details['settings']}: m = {row.m:,}, TV ≤ {row.tv_upper:.4f}, "
               f"{row.details['drafted share']}, {row.verdict} ({expected})", flush=True)
