@@ -10,7 +10,8 @@ What is checked, each against the real engine:
   over 4 of the 12 identity prompts × 32 tokens (our uncached argmax decode is the slow half; all 12 pass too);
 - speculative greedy (the bundled draft, K = 4) equals mlx-lm's own plain greedy, token for token;
 - a speculative row (T = 1) is not rejected, with mlx-lm's own from_draft flags placing a draft at tokens 1 and 2 in
-  every request, accepted as often as the exact laws say the equality rule accepts (Σ p·q, within 5 standard errors); a planted wrong law through the same adapter (asked for T = 0.7, scored at T = 1) is rejected;
+  every request, accepted as often as the exact laws say the equality rule accepts (Σ p·q, within 5 standard
+  errors); a planted wrong law through the same adapter (asked for T = 0.7, scored at T = 1) is rejected;
 - the finding (docs/audit-mlx.md): with a repetition penalty, speculative_generate_step's penalties see only the
   prompt's last token, so its law of tokens 1–2 is rejected, while the same chain without a draft is not.
 

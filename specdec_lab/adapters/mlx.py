@@ -189,7 +189,8 @@ def sample(prompt: torch.Tensor, n: int, length: int, config: MlxConfig, generat
             for flags in reply["from_draft"]:
                 drafted, accepted = positions_from_flags(flags, config.k)
                 add_positions(totals, drafted, accepted)
-                rounds = len(flags) - sum(accepted) + int(flags[-1])  # a target token ends each round but a full last one
+                # a target token ends every round but a fully accepted last one
+                rounds = len(flags) - sum(accepted) + int(flags[-1])
                 add_counts(totals, {"accepted_tokens": sum(accepted), "target_passes": rounds})
         bar.update(len(reply["tokens"]))
     bar.close()

@@ -1,4 +1,4 @@
-"""``specdec-lab audit hf|endpoint|vllm|openvino|ortgenai|mlx|llama-speculative``: arguments, the run, the printed table.
+"""``specdec-lab audit hf|endpoint|vllm|openvino|ortgenai|mlx|llama-speculative``: arguments, the run, the table.
 
 Exit status (:func:`specdec_lab.verdicts.exit_status`): 0 when the row is certified (a lossless row equivalent, a
 negative control rejected), 1 when it is rejected or the engine failed (a wrong call), 3 when it is inconclusive,

@@ -31,9 +31,11 @@ TABLE = (
     ("none", SamplingConfig(), 0.0, 1.3, None, verdicts.LOSSLESS, FIXED),  # the same chain without speculation
     ("draft_model", SamplingConfig(temperature=0.7), 0.0, 1.0, SamplingConfig(), verdicts.NEGATIVE_CONTROL, FIXED),
 )
+PAGE = "docs/audit-mlx.md"  # the page whose table this document is (the README's engine rows link it)
 # "acceptance (token 2)": mlx-lm's own count of accepted drafts at token 2 (from_draft); "exact Σ p·q": what its
 # equality rule must accept there, from the local pair's exact laws (mlx.exact_acceptance; rows without min-p/penalty)
-COLUMNS = [["method", "method"], ["settings", "settings"], ["m", "m"], ["TV upper 99% (tokens 1–2)", "tv_upper", ".4f"],
+COLUMNS = [["method", "method"], ["settings", "settings"], ["m", "m"],
+           ["TV upper 99% (tokens 1–2)", "tv_upper", ".4f"],
            ["token 1", "TV upper 99% (token 1)", ".4f"], ["drafted share", "drafted share"],
            ["acceptance (token 2)", "accepted share@2", ".4f"], ["exact Σ p·q", "exact acceptance@2", ".4f"],
            ["Holm p", "holm_p", ".3g"], ["samples/s", "samples/s", ".0f"],
@@ -107,6 +109,6 @@ def cmd_table(args) -> int:
     path = results.write(out / "results.json",
                          results.document("audit mlx --table", rows, settings=settings,
                                           models=results.model_identity(pair), exit_status=status,
-                                          extra={"columns": COLUMNS}))
+                                          extra={"columns": COLUMNS, "page": PAGE}))
     print(f"results: {path}")
     return status

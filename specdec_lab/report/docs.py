@@ -114,8 +114,9 @@ ENGINE_NAMES = {"audit-openvino": "OpenVINO GenAI 2026.4.1.0", "audit-ortgenai":
 
 
 def engine_row(row: dict, source: str) -> list[str]:
-    """One README row from a row of an audit page's results file (its transcribed or written ``cells``)."""
-    c = row.get("cells", {})
+    """One README row from a row of an audit page's results file (its transcribed or written ``cells``, else the
+    record's own fields, formatted)."""
+    c = row.get("cells") or {key: fmt_number(value) for key, value in row.items() if not isinstance(value, dict)}
     page = source.split(" at ")[0]  # "docs/audit-vllm.md at commit ..."
     name = c.get("implementation") or c.get("engine") or c.get("pipeline, method") or c.get("method") or row["sampler"]
     prefix = ENGINE_NAMES.get(Path(page).stem, "")
