@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 CORE_STAMP := $(VENV)/.core-installed
 STAMP := $(VENV)/.installed
 
-.PHONY: docs verify test bench coverage train train-medusa train-eagle train-eagle3 clean-venv notebooks notebooks-render lab browser llama-cpp vllm openvino ortgenai
+.PHONY: docs verify test bench coverage train train-medusa train-eagle train-eagle3 clean-venv notebooks notebooks-render lab browser llama-cpp vllm openvino ortgenai mlx
 
 $(CORE_STAMP): requirements-core.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -91,6 +91,15 @@ $(ORTGENAI_STAMP): requirements-ortgenai.txt
 	$(call engine_env,$(ORTGENAI_VENV),requirements-ortgenai.txt)
 
 ortgenai: $(ORTGENAI_STAMP)
+
+# mlx-lm on MLX's CPU backend in its own environment (mlx-lm pulls a newer transformers): a complete lock installed
+# without dependency resolution (see requirements-mlx.txt). ≈ 370 MB once; re-running is a no-op.
+MLX_VENV := .venv-mlx
+MLX_STAMP := $(MLX_VENV)/.installed
+$(MLX_STAMP): requirements-mlx.txt
+	$(call engine_env,$(MLX_VENV),requirements-mlx.txt)
+
+mlx: $(MLX_STAMP)
 
 # The interpreter of vLLM's environment for every target that may run it (tests, notebook 07, the browser test):
 # $SPECDEC_LAB_VLLM_PYTHON if set, else $(VLLM_VENV) when built, else the per-machine cache .ci/run builds

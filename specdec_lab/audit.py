@@ -33,8 +33,9 @@ from specdec_lab import drafting as drafting_
 from specdec_lab import stats, verdicts
 from specdec_lab.collect import SampleSet, collect
 from specdec_lab.report.tables import settings_label
-from specdec_lab.sampling import SamplingConfig
-from specdec_lab.suite import SuiteResult, SuiteSettings, run_suite, score
+from specdec_lab.laws.workload import LawBook
+from specdec_lab.sampling import ChainConfig, SamplingConfig
+from specdec_lab.suite import SuiteResult, SuiteSettings, run_suite, score, scores_from_law
 
 # Default prompts of the engine audits (``--prompt`` overrides). An engine verdict bounds the joint law of tokens
 # 1–2, which costs samples in proportion to that law's spread; after a speaker tag the target's token 1 is the
@@ -94,6 +95,9 @@ def implementation_label(described: dict) -> str:
     if described.get("sampler") == "ortgenai":
         k = f" K={described['k']}" if "k" in described else ""
         return f"ONNX Runtime GenAI {described['ortgenai_version']}, {described['method']}{k}"
+    if described.get("sampler") == "mlx_lm":
+        k = f" K={described['k']}" if "k" in described else ""
+        return f"mlx-lm {described['mlx_lm_version']}, {described['method']}{k}"
     if described.get("sampler") == "endpoint":
         server = described.get("server") or "OpenAI-compatible server"
         return f"{server} `{described['model']}`"
@@ -255,7 +259,9 @@ def audit(pair, sampler, n: int, length: int, path: str | Path, *, prompt: str =
     path : path
         Parquet file of the samples; an interrupted collection resumes, a finished one is reloaded.
     scored_at : SamplingConfig, optional
-        The target law to test against; default ``sampler.sampling``.
+        The target law to test against; default ``sampler.sampling``, or, for a sampler whose ``chained`` is true
+        (min-p, penalties: :class:`specdec_lab.adapters.mlx.MlxConfig`), its ``chain``'s exact law
+        (:func:`chain_law`; two-token samples only).
     expected : {"lossless", "negative control"}
         What a correct call is; recorded in the summary's "correct call" column.
     batch_size : int
@@ -277,12 +283,35 @@ def audit(pair, sampler, n: int, length: int, path: str | Path, *, prompt: str =
     samples = collect(pair, sampler, prompt, n, length, seed, path, batch_size=batch_size, progress=progress)
     collected = time.time() - started
     tokens = samples.tokens()  # (n, L)
+    chained = scored_at is None and getattr(sampler, "chained", False)  # min-p, penalties: scored on the whole chain
     scored_at = scored_at or sampler.sampling
     name = name or implementation_label(samples.meta["sampler"])
-    scores = score(pair, pair.encode(prompt), tokens, scored_at, settings.min_prefix_count)
+    if chained:
+        scores = scores_from_law(tokens, chain_law(pair, prompt, sampler.chain), settings.min_prefix_count)
+    else:
+        scores = score(pair, pair.encode(prompt), tokens, scored_at, settings.min_prefix_count)
     suite = run_suite(name, tokens, scores, settings, np.random.default_rng(seed))
     return AuditResult(name, expected, suite, samples, scored_at, time.time() - started,
                        collect_seconds=collected, suite_tolerance=settings.joint_tolerance)
+
+
+@dataclass(frozen=True)
+class _ChainCell:
+    """A prompt under one sampler chain: what :class:`specdec_lab.laws.workload.LawBook` computes a law of."""
+
+    prompt: str
+    config: ChainConfig
+    stop: tuple = ()
+
+    def chain(self, order: str) -> ChainConfig:
+        return self.config
+
+
+def chain_law(pair, prompt: str, chain: ChainConfig) -> np.ndarray:
+    """The target's exact joint law (V * V,) of tokens 1–2 after ``prompt`` under a whole sampler chain (min-p,
+    penalties over prompt and output, in ``chain.order``): what a sampler with ``chained`` settings is scored against
+    (two-token samples only: :func:`specdec_lab.suite.scores_from_law`)."""
+    return LawBook(pair, chain.order).joint(_ChainCell(prompt, chain))
 
 
 def second_token_bounds(pair, prompt: str, tokens: np.ndarray, sampling: SamplingConfig, top: int = 3,

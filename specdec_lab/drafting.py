@@ -42,6 +42,9 @@ OpenVINO GenAI              per request (``LLMPipeline``): the draft's generated
 ONNX Runtime GenAI          per request: its ``get_speculative_stats`` (rounds, draft tokens
                             evaluated / accepted), exact at L = 2; it drafts from token 1
                             (:mod:`specdec_lab.adapters.ortgenai`)
+mlx-lm                      per token: ``speculative_generate_step``'s ``from_draft`` flag and the
+                            round sizes min(tokens still to emit, k), any L; it drafts from token 1
+                            (:mod:`specdec_lab.adapters.mlx`)
 =========================  ======================================================================
 
 Where the counters cannot attribute drafts to a position (a longer window on a counters-only
@@ -208,7 +211,7 @@ def speculates(described: dict) -> bool:
     kind = described.get("sampler", "")
     if kind == "hf_generate":
         return described.get("mode") != "plain"
-    if kind in ("vllm_offline", "openvino_genai", "ortgenai"):
+    if kind in ("vllm_offline", "openvino_genai", "ortgenai", "mlx_lm"):
         return described.get("method") != "none"
     if kind == "endpoint":  # a server of unknown configuration counts as speculative
         return described.get("speculative") is not False
@@ -226,6 +229,8 @@ def counter_source(described: dict) -> str:
         return "vLLM's spec_decode counters (num_drafts, accepted per position)"
     if kind == "ortgenai":
         return "ONNX Runtime GenAI's per-request get_speculative_stats (rounds, draft tokens evaluated and accepted)"
+    if kind == "mlx_lm":
+        return "mlx-lm's per-token from_draft flags (speculative_generate_step)"
     if kind == "openvino_genai":
         if described.get("pipeline") == "continuous-batching":
             return "OpenVINO GenAI's per-request handle metrics (main-model tokens per step)"

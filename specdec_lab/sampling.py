@@ -156,6 +156,9 @@ ORDERS = {
     # llama.cpp common_params_sampling.samplers (default chain): penalties, (DRY, top-n-σ), top-k, (typical), top-p,
     # min-p, (XTC), temperature: top-p and min-p see the *untempered* law
     "llama.cpp": ("penalties", "top_k", "top_p", "min_p", "temperature"),
+    # mlx-lm 0.32.2 sample_utils.make_sampler: the logits processors (penalties), then top-p, min-p, top-k on the
+    # untempered log-probabilities, then categorical_sampling(logprobs * (1 / temp))
+    "mlx-lm": ("penalties", "top_p", "min_p", "top_k", "temperature"),
 }
 # Which tokens each penalty counts: "context" = prompt and output (within the last ``penalty_last_n`` tokens where
 # the engine has a window), "output" = generated tokens only.
@@ -163,7 +166,9 @@ PENALTY_SCOPES = {
     "hf": {"repetition": "context", "presence": "output", "frequency": "output"},  # HF has no presence/frequency
     "vllm": {"repetition": "context", "presence": "output", "frequency": "output"},
     "llama.cpp": {"repetition": "context", "presence": "context", "frequency": "context"},  # the last 64 tokens
+    "mlx-lm": {"repetition": "context", "presence": "context", "frequency": "context"},  # the last 20 (context_size)
 }
+WINDOWED = ("llama.cpp", "mlx-lm")  # orders whose penalties count only the last ``penalty_last_n`` tokens
 
 
 @dataclass(frozen=True)
@@ -176,8 +181,8 @@ class ChainConfig:
     frequency_penalty: subtracted once per occurrence.
     repetition_penalty: a present token's logit is divided by it when positive, multiplied when not (CTRL, HF).
     order: a key of :data:`ORDERS`; which tokens each penalty counts is :data:`PENALTY_SCOPES`' entry.
-    penalty_last_n: llama.cpp counts only the last n tokens of prompt + output (its ``repeat_last_n``, default 64);
-        ignored by the other orders.
+    penalty_last_n: llama.cpp and mlx-lm count only the last n tokens of prompt + output (llama.cpp's
+        ``repeat_last_n``, default 64; mlx-lm's ``repetition_context_size``, default 20); ignored by the other orders.
     """
 
     sampling: SamplingConfig = SamplingConfig()
@@ -217,7 +222,7 @@ class ChainConfig:
         [0.0, 1.0, 2.0, 1.0]
         """
         context = prompt + output
-        if self.order == "llama.cpp":  # the window holds the last n tokens, or all of them when fewer
+        if self.order in WINDOWED:  # the window holds the last n tokens, or all of them when fewer
             context = context[max(0, len(context) - self.penalty_last_n):] if self.penalty_last_n else []
         def count(ids):
             return torch.bincount(torch.tensor(ids, dtype=torch.long), minlength=vocab_size).to(self.sampling.dtype)

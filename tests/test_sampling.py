@@ -105,7 +105,7 @@ def test_sample_uses_only_its_generator():
 from transformers.generation.logits_process import (MinPLogitsWarper, RepetitionPenaltyLogitsProcessor,  # noqa: E402
                                                     TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
-from specdec_lab.sampling import ORDERS, ChainConfig, apply_penalties, chain_probs  # noqa: E402
+from specdec_lab.sampling import ORDERS, WINDOWED, ChainConfig, apply_penalties, chain_probs  # noqa: E402
 
 HF_STEPS = {"temperature": lambda c: TemperatureLogitsWarper(c.sampling.temperature),
             "top_k": lambda c: TopKLogitsWarper(c.sampling.top_k) if c.sampling.top_k else None,
@@ -143,7 +143,7 @@ def test_chain_matches_hf_processors(order, sampling, min_p, repetition):
     with torch.no_grad():
         logits = pair.target(ids[None]).logits[0, -1, : pair.vocab_size].double()
     config = ChainConfig(sampling, min_p=min_p, repetition_penalty=repetition, order=order, penalty_last_n=0
-                         if order != "llama.cpp" else 10_000)  # the window holds the whole prompt
+                         if order not in WINDOWED else 10_000)  # the window holds the whole prompt
     context, output = config.counts(ids.tolist(), [], pair.vocab_size)
     ours = chain_probs(logits, config, context, output)
     theirs = _hf_chain(logits, ids, config)

@@ -1,4 +1,4 @@
-"""``specdec-lab audit hf|endpoint|vllm|openvino|ortgenai|llama-speculative``: arguments, the run, the printed table.
+"""``specdec-lab audit hf|endpoint|vllm|openvino|ortgenai|mlx|llama-speculative``: arguments, the run, the table.
 
 Exit status (:func:`specdec_lab.verdicts.exit_status`): 0 when the row is certified (a lossless row equivalent, a
 negative control rejected), 1 when it is rejected or the engine failed (a wrong call), 3 when it is inconclusive,
@@ -21,6 +21,7 @@ from specdec_lab.audit import (DEFAULT_PROMPT, LOOKUP_PROMPT, NEGATIVE_CONTROL_S
 from specdec_lab.sampling import SamplingConfig
 from specdec_lab.suite import SuiteSettings
 
+CPU_ENGINES = ("openvino", "ortgenai", "mlx")  # engines in their own environments, a worker per setting
 EXIT_STATUS = """exit status (every audit command):
   0  certified: a lossless row equivalent (TV bound <= ε, drafting shown), a negative control rejected
   1  rejected (a lossless row), or the engine failed: a finding
@@ -119,6 +120,11 @@ def add_audit_parser(sub) -> None:
     _pair_and_common_args(og, samples=3000, length=2)  # its counters place drafts at tokens 1 and 2 exactly at L = 2
     og.set_defaults(func=cmd_audit)
 
+    from specdec_lab.cli.audit_mlx import add_mlx_parser
+
+    add_mlx_parser(kinds, _pair_and_common_args)  # specdec-lab audit mlx
+    kinds.choices["mlx"].set_defaults(func=cmd_audit)
+
     from specdec_lab.cli.workload import add_workload_parser
 
     add_workload_parser(kinds)  # specdec-lab audit workload
@@ -178,6 +184,10 @@ def _sampler_from_args(args, sampling: SamplingConfig):
         return OpenvinoConfig(method=args.method, pipeline=args.pipeline, sampling=sampling, k=args.k,
                               job_size=args.job_size, progress=not args.quiet,
                               prefix_caching={"default": None, "on": True, "off": False}[args.prefix_caching])
+    if args.kind == "mlx":
+        from specdec_lab.cli import audit_mlx
+
+        return audit_mlx.sampler(args, sampling)
     if args.kind == "ortgenai":
         from specdec_lab.adapters.ortgenai import OrtGenaiConfig
 
@@ -211,7 +221,11 @@ def cmd_audit(args) -> int:
 
     if args.kind == "vllm" and args.temperature == 0:
         return _greedy_vllm(args)
-    if args.kind in ("openvino", "ortgenai") and args.temperature == 0:
+    if args.kind == "mlx" and args.table:
+        from specdec_lab.cli import audit_mlx
+
+        return audit_mlx.cmd_table(args)
+    if args.kind in CPU_ENGINES and args.temperature == 0:
         return _greedy_cpu_engine(args)
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     scored_at = None if args.scored_temperature is None else \
@@ -250,7 +264,7 @@ def cmd_audit(args) -> int:
                        progress=not args.quiet)
         if args.kind == "vllm":
             vllm_adapter.close_workers()
-        if args.kind in ("openvino", "ortgenai"):
+        if args.kind in CPU_ENGINES:
             _cpu_engine_module(args.kind).close_workers()
     row = result.summary()
     columns = ["implementation", "settings", "L", "m", "bounded positions", "TV upper 99%", "TV upper 99% (token 1)",
@@ -302,14 +316,14 @@ def _print_greedy(check: dict, label: str, args) -> int:
 
 
 def _cpu_engine_module(kind: str):
-    from specdec_lab.adapters import openvino, ortgenai
+    from specdec_lab.adapters import mlx, openvino, ortgenai
 
-    return {"openvino": openvino, "ortgenai": ortgenai}[kind]
+    return {"openvino": openvino, "ortgenai": ortgenai, "mlx": mlx}[kind]
 
 
 def _greedy_cpu_engine(args) -> int:
-    """T = 0: OpenVINO GenAI's / ONNX Runtime GenAI's speculative greedy output must equal the same engine's plain
-    greedy output, token for token."""
+    """T = 0: OpenVINO GenAI's / ONNX Runtime GenAI's / mlx-lm's speculative greedy output must equal the same
+    engine's plain greedy output, token for token."""
     from specdec_lab.models import pair_from_args
 
     engine = _cpu_engine_module(args.kind)
@@ -321,7 +335,7 @@ def _greedy_cpu_engine(args) -> int:
         label = f"OpenVINO GenAI {engine.VERSION} {args.pipeline}"
     else:
         check = engine.greedy_check(args.method, prompt, args.length, args.k)
-        label = f"ONNX Runtime GenAI {engine.VERSION}"
+        label = {"ortgenai": "ONNX Runtime GenAI", "mlx": "mlx-lm"}[args.kind] + f" {engine.VERSION}"
     engine.close_workers()
     return _print_greedy(check, label, args)
 

@@ -110,17 +110,21 @@ def view_verify(doc: dict, rows: list[dict]) -> tuple[list[str], list[list[str]]
 
 ENGINE_COLUMNS = ["engine, method", "settings", "m", "TV upper 99%, tokens 1–2 (token 1)", "drafted share", "verdict",
                   "page"]
-ENGINE_NAMES = {"audit-openvino": "OpenVINO GenAI 2026.4.1.0", "audit-ortgenai": "ONNX Runtime GenAI 0.18.0"}
+ENGINE_NAMES = {"audit-openvino": "OpenVINO GenAI 2026.4.1.0", "audit-ortgenai": "ONNX Runtime GenAI 0.18.0",
+                "audit-mlx": "mlx-lm 0.32.2"}
 
 
 def engine_row(row: dict, source: str) -> list[str]:
-    """One README row from a row of an audit page's results file (its transcribed or written ``cells``)."""
-    c = row.get("cells", {})
+    """One README row from a row of an audit page's results file (its transcribed or written ``cells``, else the
+    record's own fields, formatted)."""
+    c = row.get("cells") or {key: fmt_number(value, ".4f") for key, value in row.items()
+                             if not isinstance(value, (dict, list))}
     page = source.split(" at ")[0]  # "docs/audit-vllm.md at commit ..."
     name = c.get("implementation") or c.get("engine") or c.get("pipeline, method") or c.get("method") or row["sampler"]
     prefix = ENGINE_NAMES.get(Path(page).stem, "")
     name = f"{prefix} {name}".strip() if prefix and not name.startswith(prefix.split()[0]) else name
-    tv = c.get("TV upper 99% (tokens 1–2)") or c.get("TV upper 99%, tokens 1–2 (token 1)") or fmt_number(row["tv_upper"])
+    tv = (c.get("TV upper 99% (tokens 1–2)") or c.get("TV upper 99%, tokens 1–2 (token 1)") or c.get("tv_upper")
+          or fmt_number(row["tv_upper"]))
     first = c.get("TV upper 99% (token 1)") or c.get("token 1")
     tv = f"{tv} ({first})" if first and "(" not in tv else tv
     return [name, c.get("settings") or c.get("method, settings") or "", c.get("m", fmt_number(row["m"])), tv,
