@@ -1,4 +1,4 @@
-"""``specdec-lab audit hf|endpoint|vllm|openvino|ortgenai|llama-speculative``: arguments, the run, the printed table.
+"""``specdec-lab audit hf|endpoint|vllm|openvino|ortgenai|mistralrs|llama-speculative``: arguments, the run, the printed table.
 
 Exit status (:func:`specdec_lab.verdicts.exit_status`): 0 when the row is certified (a lossless row equivalent, a
 negative control rejected), 1 when it is rejected or the engine failed (a wrong call), 3 when it is inconclusive,
@@ -119,6 +119,16 @@ def add_audit_parser(sub) -> None:
     _pair_and_common_args(og, samples=3000, length=2)  # its counters place drafts at tokens 1 and 2 exactly at L = 2
     og.set_defaults(func=cmd_audit)
 
+    from specdec_lab.adapters.mistralrs import METHODS as MISTRALRS_METHODS
+
+    mr = kinds.add_parser("mistralrs", help="mistral.rs 0.6.0 (CPU, in its own environment: `make mistralrs`)")
+    mr.add_argument("--method", default="draft_model", choices=list(MISTRALRS_METHODS))
+    mr.add_argument("--gamma", type=int, default=1,
+                    help="speculative_gamma (>= 2 never finishes a request on 0.6.0: docs/audit-mistralrs.md)")
+    mr.add_argument("--job-size", type=int, default=500, help="requests per worker job")
+    _pair_and_common_args(mr, samples=3000, length=2)  # every emitted token of its speculative pipeline is drafted
+    mr.set_defaults(func=cmd_audit)
+
     from specdec_lab.cli.workload import add_workload_parser
 
     add_workload_parser(kinds)  # specdec-lab audit workload
@@ -183,6 +193,11 @@ def _sampler_from_args(args, sampling: SamplingConfig):
 
         return OrtGenaiConfig(method=args.method, sampling=sampling, k=args.k, job_size=args.job_size,
                               progress=not args.quiet)
+    if args.kind == "mistralrs":
+        from specdec_lab.adapters.mistralrs import MistralrsConfig
+
+        return MistralrsConfig(method=args.method, sampling=sampling, gamma=args.gamma, job_size=args.job_size,
+                               progress=not args.quiet)
     if args.kind == "hf":
         return HFGenerateConfig(mode=args.mode, sampling=sampling, k=args.k, schedule=args.schedule,
                                 confidence_threshold=args.confidence_threshold, progress=not args.quiet)
@@ -211,7 +226,7 @@ def cmd_audit(args) -> int:
 
     if args.kind == "vllm" and args.temperature == 0:
         return _greedy_vllm(args)
-    if args.kind in ("openvino", "ortgenai") and args.temperature == 0:
+    if args.kind in CPU_ENGINES and args.temperature == 0:
         return _greedy_cpu_engine(args)
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     scored_at = None if args.scored_temperature is None else \
@@ -244,13 +259,16 @@ def cmd_audit(args) -> int:
         else:
             sampler = _sampler_from_args(args, sampling)
         out = args.out or Path("reports") / "audit" / f"{args.kind}-{time.strftime('%Y%m%d-%H%M%S')}.parquet"
+        if args.kind == "mistralrs" and out.exists():  # its unseeded stream restarts in a new process
+            raise ValueError(f"{out} exists: a mistral.rs collection cannot resume (its sampler takes no seed); "
+                             "give a new --out")
         out.parent.mkdir(parents=True, exist_ok=True)
         result = audit(pair, sampler, args.samples, args.length, out, prompt=args.prompt, seed=args.seed,
                        scored_at=scored_at, expected=expected, settings=SuiteSettings(tolerance=args.tolerance),
                        progress=not args.quiet)
         if args.kind == "vllm":
             vllm_adapter.close_workers()
-        if args.kind in ("openvino", "ortgenai"):
+        if args.kind in CPU_ENGINES:
             _cpu_engine_module(args.kind).close_workers()
     row = result.summary()
     columns = ["implementation", "settings", "L", "m", "bounded positions", "TV upper 99%", "TV upper 99% (token 1)",
@@ -297,19 +315,23 @@ def _print_greedy(check: dict, label: str, args) -> int:
     for name in ("reference", "speculative"):
         print(f"{name:12s} {check[name]}")
     verdict = "identical" if check["identical"] else f"DIFFERS from token {check['first_difference']}"
-    print(f"\n{label}, {args.method} K={args.k}, greedy, L={args.length}: {verdict}")
+    size = f" K={args.k}" if hasattr(args, "k") else ""
+    print(f"\n{label}, {args.method}{size}, greedy, L={args.length}: {verdict}")
     return 0 if check["identical"] else 1
 
 
-def _cpu_engine_module(kind: str):
-    from specdec_lab.adapters import openvino, ortgenai
+CPU_ENGINES = ("openvino", "ortgenai", "mistralrs")  # engines in their own environments, one worker per setting
 
-    return {"openvino": openvino, "ortgenai": ortgenai}[kind]
+
+def _cpu_engine_module(kind: str):
+    from specdec_lab.adapters import mistralrs, openvino, ortgenai
+
+    return {"openvino": openvino, "ortgenai": ortgenai, "mistralrs": mistralrs}[kind]
 
 
 def _greedy_cpu_engine(args) -> int:
-    """T = 0: OpenVINO GenAI's / ONNX Runtime GenAI's speculative greedy output must equal the same engine's plain
-    greedy output, token for token."""
+    """T = 0: OpenVINO GenAI's / ONNX Runtime GenAI's / mistral.rs's speculative greedy output must equal the same
+    engine's plain greedy output, token for token."""
     from specdec_lab.models import pair_from_args
 
     engine = _cpu_engine_module(args.kind)
@@ -319,6 +341,9 @@ def _greedy_cpu_engine(args) -> int:
     if args.kind == "openvino":
         check = engine.greedy_check(args.method, prompt, args.length, args.pipeline, args.k)
         label = f"OpenVINO GenAI {engine.VERSION} {args.pipeline}"
+    elif args.kind == "mistralrs":
+        check = engine.greedy_check(args.method, prompt, args.length, args.gamma)
+        label = f"mistral.rs {engine.VERSION} gamma={args.gamma}"
     else:
         check = engine.greedy_check(args.method, prompt, args.length, args.k)
         label = f"ONNX Runtime GenAI {engine.VERSION}"
