@@ -94,7 +94,7 @@ def engine_settings(method: str, gamma: int = 1) -> dict:
     if method not in METHODS:
         raise ValueError(f"unknown mistral.rs method {method!r}; valid: {', '.join(METHODS)}")
     if gamma < 1:
-        raise ValueError(f"gamma (speculative_gamma) must be >= 1, got {gamma!r}")
+        raise ValueError(f"gamma (speculative_gamma, --k) must be >= 1, got {gamma!r}")
     target, draft = bundled_folders()
     return {"method": method, "target": str(target), "draft": str(draft), "gamma": gamma,
             "template": str(target / "chat_template.jinja"),

@@ -21,6 +21,7 @@ from specdec_lab.audit import (DEFAULT_PROMPT, LOOKUP_PROMPT, NEGATIVE_CONTROL_S
 from specdec_lab.sampling import SamplingConfig
 from specdec_lab.suite import SuiteSettings
 
+CPU_ENGINES = ("openvino", "ortgenai", "mistralrs")  # engines in their own environments, a worker per setting
 EXIT_STATUS = """exit status (every audit command):
   0  certified: a lossless row equivalent (TV bound <= ε, drafting shown), a negative control rejected
   1  rejected (a lossless row), or the engine failed: a finding
@@ -119,15 +120,10 @@ def add_audit_parser(sub) -> None:
     _pair_and_common_args(og, samples=3000, length=2)  # its counters place drafts at tokens 1 and 2 exactly at L = 2
     og.set_defaults(func=cmd_audit)
 
-    from specdec_lab.adapters.mistralrs import METHODS as MISTRALRS_METHODS
+    from specdec_lab.cli.audit_mistralrs import add_mistralrs_parser
 
-    mr = kinds.add_parser("mistralrs", help="mistral.rs 0.6.0 (CPU, in its own environment: `make mistralrs`)")
-    mr.add_argument("--method", default="draft_model", choices=list(MISTRALRS_METHODS))
-    mr.add_argument("--gamma", type=int, default=1,
-                    help="speculative_gamma (>= 2 never finishes a request on 0.6.0: docs/audit-mistralrs.md)")
-    mr.add_argument("--job-size", type=int, default=500, help="requests per worker job")
-    _pair_and_common_args(mr, samples=3000, length=2)  # every emitted token of its speculative pipeline is drafted
-    mr.set_defaults(func=cmd_audit)
+    add_mistralrs_parser(kinds, _pair_and_common_args)  # specdec-lab audit mistralrs
+    kinds.choices["mistralrs"].set_defaults(func=cmd_audit)
 
     from specdec_lab.cli.workload import add_workload_parser
 
@@ -188,16 +184,15 @@ def _sampler_from_args(args, sampling: SamplingConfig):
         return OpenvinoConfig(method=args.method, pipeline=args.pipeline, sampling=sampling, k=args.k,
                               job_size=args.job_size, progress=not args.quiet,
                               prefix_caching={"default": None, "on": True, "off": False}[args.prefix_caching])
+    if args.kind == "mistralrs":
+        from specdec_lab.cli import audit_mistralrs
+
+        return audit_mistralrs.sampler(args, sampling)
     if args.kind == "ortgenai":
         from specdec_lab.adapters.ortgenai import OrtGenaiConfig
 
         return OrtGenaiConfig(method=args.method, sampling=sampling, k=args.k, job_size=args.job_size,
                               progress=not args.quiet)
-    if args.kind == "mistralrs":
-        from specdec_lab.adapters.mistralrs import MistralrsConfig
-
-        return MistralrsConfig(method=args.method, sampling=sampling, gamma=args.gamma, job_size=args.job_size,
-                               progress=not args.quiet)
     if args.kind == "hf":
         return HFGenerateConfig(mode=args.mode, sampling=sampling, k=args.k, schedule=args.schedule,
                                 confidence_threshold=args.confidence_threshold, progress=not args.quiet)
@@ -226,6 +221,10 @@ def cmd_audit(args) -> int:
 
     if args.kind == "vllm" and args.temperature == 0:
         return _greedy_vllm(args)
+    if args.kind == "mistralrs" and args.table:
+        from specdec_lab.cli import audit_mistralrs
+
+        return audit_mistralrs.cmd_table(args)
     if args.kind in CPU_ENGINES and args.temperature == 0:
         return _greedy_cpu_engine(args)
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
@@ -259,9 +258,6 @@ def cmd_audit(args) -> int:
         else:
             sampler = _sampler_from_args(args, sampling)
         out = args.out or Path("reports") / "audit" / f"{args.kind}-{time.strftime('%Y%m%d-%H%M%S')}.parquet"
-        if args.kind == "mistralrs" and out.exists():  # its unseeded stream restarts in a new process
-            raise ValueError(f"{out} exists: a mistral.rs collection cannot resume (its sampler takes no seed); "
-                             "give a new --out")
         out.parent.mkdir(parents=True, exist_ok=True)
         result = audit(pair, sampler, args.samples, args.length, out, prompt=args.prompt, seed=args.seed,
                        scored_at=scored_at, expected=expected, settings=SuiteSettings(tolerance=args.tolerance),
@@ -315,12 +311,8 @@ def _print_greedy(check: dict, label: str, args) -> int:
     for name in ("reference", "speculative"):
         print(f"{name:12s} {check[name]}")
     verdict = "identical" if check["identical"] else f"DIFFERS from token {check['first_difference']}"
-    size = f" K={args.k}" if hasattr(args, "k") else ""
-    print(f"\n{label}, {args.method}{size}, greedy, L={args.length}: {verdict}")
+    print(f"\n{label}, {args.method} K={args.k}, greedy, L={args.length}: {verdict}")
     return 0 if check["identical"] else 1
-
-
-CPU_ENGINES = ("openvino", "ortgenai", "mistralrs")  # engines in their own environments, one worker per setting
 
 
 def _cpu_engine_module(kind: str):
@@ -342,8 +334,8 @@ def _greedy_cpu_engine(args) -> int:
         check = engine.greedy_check(args.method, prompt, args.length, args.pipeline, args.k)
         label = f"OpenVINO GenAI {engine.VERSION} {args.pipeline}"
     elif args.kind == "mistralrs":
-        check = engine.greedy_check(args.method, prompt, args.length, args.gamma)
-        label = f"mistral.rs {engine.VERSION} gamma={args.gamma}"
+        check = engine.greedy_check(args.method, prompt, args.length, args.k)
+        label = f"mistral.rs {engine.VERSION}"
     else:
         check = engine.greedy_check(args.method, prompt, args.length, args.k)
         label = f"ONNX Runtime GenAI {engine.VERSION}"
