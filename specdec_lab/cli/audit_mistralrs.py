@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from specdec_lab import results, verdicts
+from specdec_lab.adapters.mistralrs import VERSION
 from specdec_lab.audit import NEGATIVE_CONTROL_SAMPLES, audit, plan_audit_samples
 from specdec_lab.sampling import SamplingConfig
 from specdec_lab.suite import SuiteSettings
@@ -23,6 +24,7 @@ from specdec_lab.suite import SuiteSettings
 # the negative control run at the negative control's size; the speculative rows at 1,000: their law is a point mass
 # (docs/audit-mistralrs.md), rejected at any of these sizes.
 PLAIN, SPECULATIVE = NEGATIVE_CONTROL_SAMPLES, 1000
+PAGE = "docs/audit-mistralrs.md"
 SETTINGS = (SamplingConfig(), SamplingConfig(temperature=0.7), SamplingConfig(top_p=0.9), SamplingConfig(top_k=20))
 TABLE = (tuple(("none", s, None, verdicts.LOSSLESS, PLAIN) for s in SETTINGS)
          + tuple(("draft_model", s, None, verdicts.LOSSLESS, SPECULATIVE) for s in SETTINGS)
@@ -31,6 +33,15 @@ COLUMNS = [["method", "method"], ["settings", "settings"], ["m", "m"], ["planned
            ["TV upper 99% (tokens 1–2)", "tv_upper", ".4f"], ["token 1", "TV upper 99% (token 1)", ".4f"],
            ["drafted share", "drafted share"], ["Holm p", "holm_p", ".3g"], ["refused", "refused"],
            ["samples/s", "samples/s", ".0f"], ["expected", "expected"], ["verdict", "verdict"]]
+
+
+def readme_cells(row: verdicts.Verdict) -> dict:
+    """The cells the README's engines view reads (specdec_lab.report.docs.engine_row)."""
+    d = row.details
+    verdict = f"**{row.verdict}**" if row.verdict in (verdicts.REJECTED, verdicts.EQUIVALENT) else row.verdict
+    return {"method": f"mistral.rs {VERSION} {d['method']}", "settings": d["settings"], "m": f"{row.m:,}",
+            "TV upper 99% (tokens 1–2)": f"{row.tv_upper:.4f}", "token 1": f"{d['TV upper 99% (token 1)']:.4f}",
+            "drafted share": d["drafted share"], "verdict": verdict}
 
 
 def add_mistralrs_parser(kinds, common) -> None:
@@ -50,14 +61,20 @@ def add_mistralrs_parser(kinds, common) -> None:
     common(mr, samples=NEGATIVE_CONTROL_SAMPLES, length=2)
 
 
+def refuse_resume(path: Path) -> None:
+    """Raise ValueError when ``path`` is a collection left unfinished (its ``.parts`` folder): the engine's unseeded
+    stream restarts in a new process, so resuming would repeat its first draws. A finished file is only reloaded."""
+    if Path(f"{path}.parts").exists():
+        raise ValueError(f"{path} is an unfinished collection: a mistral.rs collection cannot resume (its sampler "
+                         "takes no seed); give a new --out")
+
+
 def sampler(args, sampling: SamplingConfig):
-    """The row's :class:`~specdec_lab.adapters.mistralrs.MistralrsConfig`; refuses an existing sample file (the
-    engine's unseeded stream restarts in a new process, so a resumed collection would repeat its first draws)."""
+    """The row's :class:`~specdec_lab.adapters.mistralrs.MistralrsConfig` (:func:`refuse_resume` on ``--out``)."""
     from specdec_lab.adapters.mistralrs import MistralrsConfig
 
-    if args.out is not None and Path(args.out).exists():
-        raise ValueError(f"{args.out} exists: a mistral.rs collection cannot resume (its sampler takes no seed); "
-                         "give a new --out")
+    if args.out is not None:
+        refuse_resume(args.out)
     return MistralrsConfig(method=args.method, sampling=sampling, gamma=args.k, job_size=args.job_size,
                            progress=not args.quiet)
 
@@ -71,20 +88,20 @@ def cmd_table(args) -> int:
     pair = pair_from_args(args)
     prompt = args.prompt or DEFAULT_PROMPT
     out = args.out or Path("reports") / "audit" / f"mistralrs-table-{time.strftime('%Y%m%d-%H%M%S')}"
-    if out.exists():
-        raise ValueError(f"{out} exists: a mistral.rs collection cannot resume; give a new --out")
-    out.mkdir(parents=True)
+    out.mkdir(parents=True, exist_ok=True)
     rows = []
     for i, (method, sampling, scored_at, expected, size) in enumerate(TABLE):
         config = mistralrs.MistralrsConfig(method=method, sampling=sampling, gamma=args.k, job_size=args.job_size,
                                            progress=not args.quiet)
         plan = plan_audit_samples(pair, prompt, scored_at or sampling, args.tolerance, seed=args.seed)
+        refuse_resume(out / f"row{i}.parquet")
         result = audit(pair, config, args.samples or size, args.length, out / f"row{i}.parquet", prompt=prompt,
                        seed=args.seed, scored_at=scored_at, expected=expected,
                        settings=SuiteSettings(tolerance=args.tolerance), progress=not args.quiet)
         row = result.verdict_row()
         row.details.update({"method": method if method == "none" else f"{method} gamma={args.k}",
                             "planned m": plan})
+        row.details["cells"] = readme_cells(row)
         rows.append(row)
         print(f"{row.sampler} · {row.details['settings']}: m = {row.m:,} (planned {plan:,}), TV ≤ "
               f"{row.tv_upper:.4f}, {row.details['drafted share']}, {row.verdict} ({expected})", flush=True)
@@ -94,6 +111,6 @@ def cmd_table(args) -> int:
     path = results.write(out / "results.json",
                          results.document("audit mistralrs --table", rows, settings=settings,
                                           models=results.model_identity(pair), exit_status=status,
-                                          extra={"columns": COLUMNS}))
+                                          extra={"columns": COLUMNS, "page": PAGE}))
     print(f"results: {path}")
     return status
