@@ -20,7 +20,7 @@ Methods: ``none`` and ``draft_model`` (``speculative_gamma`` = gamma). Seeds: th
 sampler draws from one Isaac64 stream seeded 0 at engine start: engine/mod.rs:64,163 at v0.6.0); the collection's
 draws are successive draws of that stream in one worker, which lives as long as this process. A new process starts
 the stream again, so a collection resumed in a new process would repeat its first draws: ``specdec-lab audit
-mistralrs`` refuses an existing sample file.
+mistralrs`` refuses an unfinished sample file (:func:`specdec_lab.cli.audit_mistralrs.refuse_resume`).
 
 Where drafts are attributed (:func:`positions_from_pipeline`): mistral.rs reports no draft counters. What it does
 report, per request, is the pipeline that served it (the response's ``model``: "Speculative: tgt = …, draft = …,
