@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 CORE_STAMP := $(VENV)/.core-installed
 STAMP := $(VENV)/.installed
 
-.PHONY: docs verify test bench coverage train train-medusa train-eagle train-eagle3 clean-venv notebooks notebooks-render lab browser llama-cpp vllm openvino ortgenai mlx
+.PHONY: docs verify test bench coverage train train-medusa train-eagle train-eagle3 clean-venv notebooks notebooks-render lab browser llama-cpp vllm openvino ortgenai mlx mistralrs
 
 $(CORE_STAMP): requirements-core.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -100,6 +100,15 @@ $(MLX_STAMP): requirements-mlx.txt
 	$(call engine_env,$(MLX_VENV),requirements-mlx.txt)
 
 mlx: $(MLX_STAMP)
+
+# mistral.rs 0.6.0 in its own environment (a cp311 wheel without dependencies; see requirements-mistralrs.txt for why
+# this release). ≈ 80 MB once; re-running is a no-op.
+MISTRALRS_VENV := .venv-mistralrs
+MISTRALRS_STAMP := $(MISTRALRS_VENV)/.installed
+$(MISTRALRS_STAMP): requirements-mistralrs.txt
+	$(call engine_env,$(MISTRALRS_VENV),requirements-mistralrs.txt)
+
+mistralrs: $(MISTRALRS_STAMP)
 
 # The interpreter of vLLM's environment for every target that may run it (tests, notebook 07, the browser test):
 # $SPECDEC_LAB_VLLM_PYTHON if set, else $(VLLM_VENV) when built, else the per-machine cache .ci/run builds

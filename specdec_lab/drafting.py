@@ -45,6 +45,9 @@ ONNX Runtime GenAI          per request: its ``get_speculative_stats`` (rounds, 
 mlx-lm                      per token: ``speculative_generate_step``'s ``from_draft`` flag and the
                             round sizes min(tokens still to emit, k), any L; it drafts from token 1
                             (:mod:`specdec_lab.adapters.mlx`)
+mistral.rs 0.6.0            per request: the pipeline that served it (the response's ``model``); its
+                            speculative pipeline verifies a draft for every token it emits, the
+                            first included; no acceptance reported (:mod:`specdec_lab.adapters.mistralrs`)
 =========================  ======================================================================
 
 Where the counters cannot attribute drafts to a position (a longer window on a counters-only
@@ -213,6 +216,8 @@ def speculates(described: dict) -> bool:
         return described.get("mode") != "plain"
     if kind in ("vllm_offline", "openvino_genai", "ortgenai", "mlx_lm"):
         return described.get("method") != "none"
+    if kind == "mistralrs":
+        return described.get("method") != "none"
     if kind == "endpoint":  # a server of unknown configuration counts as speculative
         return described.get("speculative") is not False
     if "llama-speculative" in kind:
@@ -231,6 +236,8 @@ def counter_source(described: dict) -> str:
         return "ONNX Runtime GenAI's per-request get_speculative_stats (rounds, draft tokens evaluated and accepted)"
     if kind == "mlx_lm":
         return "mlx-lm's per-token from_draft flags (speculative_generate_step)"
+    if kind == "mistralrs":
+        return "mistral.rs's per-request pipeline name (its speculative pipeline drafts every emitted token)"
     if kind == "openvino_genai":
         if described.get("pipeline") == "continuous-batching":
             return "OpenVINO GenAI's per-request handle metrics (main-model tokens per step)"

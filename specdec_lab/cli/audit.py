@@ -1,4 +1,5 @@
-"""``specdec-lab audit hf|endpoint|vllm|openvino|ortgenai|mlx|llama-speculative``: arguments, the run, the table.
+"""``specdec-lab audit hf|endpoint|vllm|openvino|ortgenai|mlx|mistralrs|llama-speculative``: arguments, the run, the
+table.
 
 Exit status (:func:`specdec_lab.verdicts.exit_status`): 0 when the row is certified (a lossless row equivalent, a
 negative control rejected), 1 when it is rejected or the engine failed (a wrong call), 3 when it is inconclusive,
@@ -21,7 +22,7 @@ from specdec_lab.audit import (DEFAULT_PROMPT, LOOKUP_PROMPT, NEGATIVE_CONTROL_S
 from specdec_lab.sampling import SamplingConfig
 from specdec_lab.suite import SuiteSettings
 
-CPU_ENGINES = ("openvino", "ortgenai", "mlx")  # engines in their own environments, a worker per setting
+CPU_ENGINES = ("openvino", "ortgenai", "mlx", "mistralrs")  # engines in their own environments, a worker per setting
 EXIT_STATUS = """exit status (every audit command):
   0  certified: a lossless row equivalent (TV bound <= ε, drafting shown), a negative control rejected
   1  rejected (a lossless row), or the engine failed: a finding
@@ -125,6 +126,11 @@ def add_audit_parser(sub) -> None:
     add_mlx_parser(kinds, _pair_and_common_args)  # specdec-lab audit mlx
     kinds.choices["mlx"].set_defaults(func=cmd_audit)
 
+    from specdec_lab.cli.audit_mistralrs import add_mistralrs_parser
+
+    add_mistralrs_parser(kinds, _pair_and_common_args)  # specdec-lab audit mistralrs
+    kinds.choices["mistralrs"].set_defaults(func=cmd_audit)
+
     from specdec_lab.cli.workload import add_workload_parser
 
     add_workload_parser(kinds)  # specdec-lab audit workload
@@ -188,6 +194,10 @@ def _sampler_from_args(args, sampling: SamplingConfig):
         from specdec_lab.cli import audit_mlx
 
         return audit_mlx.sampler(args, sampling)
+    if args.kind == "mistralrs":
+        from specdec_lab.cli import audit_mistralrs
+
+        return audit_mistralrs.sampler(args, sampling)
     if args.kind == "ortgenai":
         from specdec_lab.adapters.ortgenai import OrtGenaiConfig
 
@@ -225,6 +235,10 @@ def cmd_audit(args) -> int:
         from specdec_lab.cli import audit_mlx
 
         return audit_mlx.cmd_table(args)
+    if args.kind == "mistralrs" and args.table:
+        from specdec_lab.cli import audit_mistralrs
+
+        return audit_mistralrs.cmd_table(args)
     if args.kind in CPU_ENGINES and args.temperature == 0:
         return _greedy_cpu_engine(args)
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
@@ -316,14 +330,14 @@ def _print_greedy(check: dict, label: str, args) -> int:
 
 
 def _cpu_engine_module(kind: str):
-    from specdec_lab.adapters import mlx, openvino, ortgenai
+    from specdec_lab.adapters import mistralrs, mlx, openvino, ortgenai
 
-    return {"openvino": openvino, "ortgenai": ortgenai, "mlx": mlx}[kind]
+    return {"openvino": openvino, "ortgenai": ortgenai, "mlx": mlx, "mistralrs": mistralrs}[kind]
 
 
 def _greedy_cpu_engine(args) -> int:
-    """T = 0: OpenVINO GenAI's / ONNX Runtime GenAI's / mlx-lm's speculative greedy output must equal the same
-    engine's plain greedy output, token for token."""
+    """T = 0: OpenVINO GenAI's / ONNX Runtime GenAI's / mlx-lm's / mistral.rs's speculative greedy output must equal
+    the same engine's plain greedy output, token for token."""
     from specdec_lab.models import pair_from_args
 
     engine = _cpu_engine_module(args.kind)
@@ -335,7 +349,8 @@ def _greedy_cpu_engine(args) -> int:
         label = f"OpenVINO GenAI {engine.VERSION} {args.pipeline}"
     else:
         check = engine.greedy_check(args.method, prompt, args.length, args.k)
-        label = {"ortgenai": "ONNX Runtime GenAI", "mlx": "mlx-lm"}[args.kind] + f" {engine.VERSION}"
+        label = {"ortgenai": "ONNX Runtime GenAI", "mlx": "mlx-lm", "mistralrs": "mistral.rs"}[args.kind] + \
+            f" {engine.VERSION}"
     engine.close_workers()
     return _print_greedy(check, label, args)
 
