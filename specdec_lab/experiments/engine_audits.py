@@ -67,9 +67,9 @@ def llama_server_audits(pair, n: int, length: int, out, seed: int = 13) -> pd.Da
 
 
 def engine_missing(engine: str) -> str | None:
-    """Why ``engine`` ("vllm", "llama.cpp", "openvino" or "ortgenai") cannot run on this machine, or None when
-    it is built (OpenVINO GenAI and ONNX Runtime GenAI: ``make openvino``, ``make ortgenai``, or the per-machine
-    caches ``.ci/run`` builds).
+    """Why ``engine`` ("vllm", "llama.cpp", "openvino", "ortgenai", "mlx" or "mistralrs") cannot run on this machine,
+    or None when it is built (the CPU engines: ``make openvino``, ``make ortgenai``, ``make mlx``, ``make mistralrs``,
+    or the per-machine caches ``.ci/run`` builds).
 
     vLLM runs from its own environment (``make vllm``; ``$SPECDEC_LAB_VLLM_PYTHON`` points at another one, as
     ``make test``, ``make notebooks``, ``make notebooks-render`` and ``make browser`` do for the per-machine cache);
@@ -91,12 +91,12 @@ def engine_missing(engine: str) -> str | None:
             from specdec_lab.adapters import openvino
 
             openvino.openvino_python()
-        elif engine == "ortgenai":
-            from specdec_lab.adapters import ortgenai
+        elif engine in ("ortgenai", "mlx", "mistralrs"):
+            import importlib
 
-            ortgenai.ortgenai_python()
+            importlib.import_module(f"specdec_lab.adapters.{engine}").ENGINE.python()
         else:
-            raise ValueError(f"unknown engine {engine!r}; valid: vllm, llama.cpp, openvino, ortgenai")
+            raise ValueError(f"unknown engine {engine!r}; valid: vllm, llama.cpp, openvino, ortgenai, mlx, mistralrs")
     except FileNotFoundError as missing:
         return f"{engine} is not built on this machine, so its section is skipped: {missing}"
     return None
@@ -152,6 +152,31 @@ def ortgenai_audits(pair, n: int, seed: int = 19) -> pd.DataFrame:
     from specdec_lab.adapters import ortgenai
 
     return _plain_draft_control(pair, ortgenai, ortgenai.OrtGenaiConfig, n, 2, seed)
+
+
+def mlx_audits(pair, n: int, seed: int = 23) -> pd.DataFrame:
+    """mlx-lm (MLX's CPU backend, in its own environment) at L = 2 (it drafts from token 1): without speculation,
+    its draft model (K = 4) and the negative control."""
+    from specdec_lab.adapters import mlx
+
+    return _plain_draft_control(pair, mlx, mlx.MlxConfig, n, 2, seed)
+
+
+def mistralrs_audits(pair, n: int, seed: int = 29) -> pd.DataFrame:
+    """mistral.rs 0.6.0 (in its own environment) at L = 2: without speculation, its draft model
+    (``speculative_gamma`` = 1: larger gammas finish no request, docs/audit-mistralrs.md) and the negative control."""
+    from specdec_lab.adapters import mistralrs
+    from specdec_lab.audit import AuditCase, run_audits
+    from specdec_lab.sampling import SamplingConfig
+
+    make = mistralrs.MistralrsConfig
+    cases = [AuditCase(make("none", progress=False)), AuditCase(make("draft_model", gamma=1, progress=False)),
+             AuditCase(make("none", sampling=SamplingConfig(temperature=0.7), progress=False),
+                       scored_at=SamplingConfig(), expected="negative control")]
+    try:
+        return run_audits(pair, cases, n, 2, work_dir(), seed=seed, progress=False)
+    finally:
+        mistralrs.close_workers()
 
 
 # Display names of a run_audits table's TV columns: its "TV plug-in" and "TV upper 99%" are of the joint law of tokens

@@ -127,8 +127,12 @@ def engine_row(row: dict, source: str) -> list[str]:
           or fmt_number(row["tv_upper"]))
     first = c.get("TV upper 99% (token 1)") or c.get("token 1")
     tv = f"{tv} ({first})" if first and "(" not in tv else tv
+    verdict = c.get("verdict", row["verdict"])
+    tolerance = row.get("tolerance")
+    if tolerance is not None and tolerance != 0.02 and verdict.startswith("equivalent"):  # the README's ε is 0.02
+        verdict += f" at ε = {tolerance:g}"
     return [name, c.get("settings") or c.get("method, settings") or "", c.get("m", fmt_number(row["m"])), tv,
-            c.get("drafted share", ""), c.get("verdict", row["verdict"]), f"[{Path(page).stem}]({page})"]
+            c.get("drafted share", ""), verdict, f"[{Path(page).stem}]({page})"]
 
 
 def view_engines(rows: list[tuple[dict, str]], prefix: str = "") -> tuple[list[str], list[list[str]]]:
