@@ -14,11 +14,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from specdec_lab import results, verdicts
+from specdec_lab import verdicts
 from specdec_lab.adapters.mistralrs import VERSION
 from specdec_lab.audit import NEGATIVE_CONTROL_SAMPLES, audit, plan_audit_samples
 from specdec_lab.sampling import SamplingConfig
 from specdec_lab.suite import SuiteSettings
+from specdec_lab.cli.audit_mlx import write_table
 
 # The page's rows: (method, asked, scored at, expected, m). The plain rows (the same engine without speculation) and
 # the negative control run at the negative control's size; the speculative rows at 1,000: their law is a point mass
@@ -106,11 +107,4 @@ def cmd_table(args) -> int:
         print(f"{row.sampler} · {row.details['settings']}: m = {row.m:,} (planned {plan:,}), TV ≤ "
               f"{row.tv_upper:.4f}, {row.details['drafted share']}, {row.verdict} ({expected})", flush=True)
     mistralrs.close_workers()
-    status = verdicts.expectation_status(rows)
-    settings = {key: str(value) for key, value in vars(args).items() if key != "func"}
-    path = results.write(out / "results.json",
-                         results.document("audit mistralrs --table", rows, settings=settings,
-                                          models=results.model_identity(pair), exit_status=status,
-                                          extra={"columns": COLUMNS, "page": PAGE}))
-    print(f"results: {path}")
-    return status
+    return write_table("audit mistralrs --table", rows, args, pair, out, COLUMNS, PAGE)

@@ -104,11 +104,16 @@ def cmd_table(args) -> int:
         print(f"{row.sampler} · {row.details['settings']}: m = {row.m:,}, TV ≤ {row.tv_upper:.4f}, "
               f"{row.details['drafted share']}, {row.verdict} ({expected})", flush=True)
     mlx.close_workers()
+    return write_table("audit mlx --table", rows, args, pair, out, COLUMNS, PAGE)
+
+
+def write_table(command: str, rows: list, args, pair, out: Path, columns: list, page: str) -> int:
+    """Write a ``--table`` run's ``results.json`` (its rows, settings, models, the page it feeds) into ``out``; return
+    the exit status of its expectations (:func:`specdec_lab.verdicts.expectation_status`)."""
     status = verdicts.expectation_status(rows)
     settings = {key: str(value) for key, value in vars(args).items() if key != "func"}
-    path = results.write(out / "results.json",
-                         results.document("audit mlx --table", rows, settings=settings,
-                                          models=results.model_identity(pair), exit_status=status,
-                                          extra={"columns": COLUMNS, "page": PAGE}))
+    path = results.write(out / "results.json", results.document(
+        command, rows, settings=settings, models=results.model_identity(pair), exit_status=status,
+        extra={"columns": columns, "page": page}))
     print(f"results: {path}")
     return status
