@@ -99,3 +99,17 @@ def test_greedy_comparison_tells_near_ties_from_divergences(pair):
     gap = float(logits[best] - logits[worst])
     assert compare_greedy(oracle, cell, prompt, [first, worst], [first, best], gap + 1)[0] == "near tie"
     assert oracle.classify(cell, prompt, [first, best], 0.01) == ("argmax", -1, 0.0)
+
+
+def test_resent_requests_carry_the_seeds_on_record():
+    """A resent request is the first one again: the seed its rows record (a sequential round may have sent another
+    block than a recomputation would give), its cell's body."""
+    import pandas as pd
+
+    from specdec_lab.workload.cells import Workload
+    from specdec_lab.workload.promises import resend_jobs
+
+    frame = pd.DataFrame({"request": range(100), "choice": 0, "status": 200, "seed": [1000 + 7 * r for r in range(100)]})
+    jobs = resend_jobs(Workload("w", (Cell("a", "HAMLET.", temperature=0.7),)), {"a": frame}, "llama.cpp", "m")
+    assert [(j.key, j.index, j.body["seed"], j.body["temperature"]) for j in jobs] == [
+        ("a", 0, 1000, 0.7), ("a", 33, 1231, 0.7), ("a", 66, 1462, 0.7)]

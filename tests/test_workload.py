@@ -32,7 +32,7 @@ from specdec_lab.suite import SuiteSettings
 from specdec_lab.verdicts import REFUSED
 from specdec_lab.workload import (DEFAULT_WORKLOAD, SCHEMA, Cell, CellResult, WorkloadError,
                                   WorkloadRun, audit_workload, counter_drafting, interleaved_jobs, judge_cell,
-                                  load_workload, parse_workload)
+                                  load_workload, parse_workload, request_seed)
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANTED = {
@@ -440,6 +440,9 @@ def test_until_decided_stops_rejected_cells_early(pair, tmp_path):
     assert sum(r.requests for r in found["results"]) <= 1200
     looks = json.loads((tmp_path / "seq" / "looks.json").read_text())["looks"]
     assert looks["same-a"] > looks["mixed-greedy"] >= 1
+    # the rounds after the mixed cells stopped kept same-a's own block of seeds (its place in the whole workload)
+    rows = pd.concat(pd.read_parquet(p) for p in (tmp_path / "seq" / "cells" / "same-a").glob("part-*.parquet"))
+    assert rows["request"].max() >= 100 and (rows["seed"] == [request_seed(0, 3, r) for r in rows["request"]]).all()
 
 
 def test_spending_keeps_the_error_rate_under_resumption():

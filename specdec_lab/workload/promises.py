@@ -127,6 +127,22 @@ def resend_plan(workload: Workload, frames: dict, share: float = RESEND_SHARE) -
     return plan
 
 
+def resend_jobs(workload: Workload, frames: dict, engine: str, model: str) -> list:
+    """The jobs of :func:`resend_plan`'s requests, each with the seed it was first sent with (the cells' rows record
+    it), interleaved cell by cell."""
+    from specdec_lab.adapters.workload_client import Job
+    from specdec_lab.workload.requests import request_body
+
+    cells = {c.name: c for c in workload.cells}
+    per_cell = []
+    for name, requests in resend_plan(workload, frames).items():
+        seeds = frames[name].drop_duplicates("request").set_index("request")["seed"]
+        per_cell.append([Job(name, r, request_body(cells[name], engine, model, workload.max_tokens, int(seeds[r])))
+                         for r in requests])
+    longest = max((len(jobs) for jobs in per_cell), default=0)
+    return [jobs[k] for k in range(longest) for jobs in per_cell if k < len(jobs)]
+
+
 def fillers(workload: Workload, jobs: list, engine: str, model: str) -> list:
     """One unseeded request per job, with another cell's settings: what a resent request is batched beside."""
     from specdec_lab.adapters.workload_client import Job

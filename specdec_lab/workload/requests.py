@@ -94,10 +94,12 @@ def request_seed(run_seed: int, cell_index: int, request: int) -> int:
 
 
 def interleaved_jobs(workload: Workload, requests: dict[str, list[int]], engine: str, model: str,
-                     run_seed: int) -> list[Job]:
-    """The jobs of every cell, group by group, interleaved request by request within a group."""
+                     run_seed: int, index_of: dict[str, int] | None = None) -> list[Job]:
+    """The jobs of every cell, group by group, interleaved request by request within a group. ``index_of``: each
+    cell's place in the run's whole workload, which picks its block of seeds (default: its place in ``workload``;
+    a round over some of the cells passes the whole workload's, so a cell keeps its block)."""
     jobs = []
-    index_of = {c.name: i for i, c in enumerate(workload.cells)}
+    index_of = index_of or {c.name: i for i, c in enumerate(workload.cells)}
     for cells in workload.groups().values():
         longest = max((len(requests.get(c.name, ())) for c in cells), default=0)
         for k in range(longest):

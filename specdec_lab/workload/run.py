@@ -49,12 +49,14 @@ class WorkloadRun:
 
 
 def collect_workload(pair, workload: Workload, run: WorkloadRun, folder: Path,
-                     answered: dict[str, int] | None = None,
-                     requests: dict[str, int] | None = None) -> dict[str, pd.DataFrame]:
+                     answered: dict[str, int] | None = None, requests: dict[str, int] | None = None,
+                     whole: Workload | None = None) -> dict[str, pd.DataFrame]:
     """Send the workload's missing requests (resuming from ``folder``), write them per cell; return every cell's
     rows (one per choice, or one per failed request). ``answered``, if given, receives per cell the choices the
     server returned in *this* call (the sequences its counters saw). ``requests``: per cell, how many requests
-    (numbered from 0) it should hold, instead of ``run.samples`` / n."""
+    (numbered from 0) it should hold, instead of ``run.samples`` / n. ``whole``: the run's whole workload when
+    ``workload`` is a round over some of its cells (each cell's seeds come from its place in the whole)."""
+    index_of = {c.name: i for i, c in enumerate((whole or workload).cells)}
     token_map = TokenMap(pair.tokenizer, pair.vocab_size)
     cells = {c.name: c for c in workload.cells}
     stores = {c.name: CellStore(folder / "cells" / c.name, cell_meta(c, workload, run.engine, run.model, run.seed))
@@ -82,7 +84,7 @@ def collect_workload(pair, workload: Workload, run: WorkloadRun, folder: Path,
     rounds = max((len(v) for v in missing.values()), default=0)
     for start in range(0, rounds, run.round_requests):
         chunk = {name: todo[start:start + run.round_requests] for name, todo in missing.items()}
-        jobs = interleaved_jobs(workload, chunk, run.engine, run.model, run.seed)
+        jobs = interleaved_jobs(workload, chunk, run.engine, run.model, run.seed, index_of)
         run_jobs(run.base_url, jobs, run.client, on_outcome, skip=lambda job: job.key in refused)
         for store in stores.values():
             store.flush()
@@ -179,7 +181,7 @@ def until_decided(pair, workload: Workload, run: WorkloadRun, laws: LawBook, led
             requests[cell.name] += step
         part = replace(workload, cells=tuple(undecided))
         frames.update(collect_workload(pair, part, run, run.out, answered,
-                                       requests={c.name: requests[c.name] for c in undecided}))
+                                       requests={c.name: requests[c.name] for c in undecided}, whole=workload))
         for cell in undecided:  # a resumed run may already hold more
             requests[cell.name] = max(requests[cell.name], int(frames[cell.name]["request"].nunique()))
         for result in judge_all(workload, list(undecided), frames, laws, run, ledger, rng, sequential=True):
@@ -191,19 +193,19 @@ def until_decided(pair, workload: Workload, run: WorkloadRun, laws: LawBook, led
     for cell in workload.cells:  # a budget too small for one round: judge what is on disk
         if cell.name not in final:
             frames[cell.name] = collect_workload(pair, replace(workload, cells=(cell,)), run, run.out, answered,
-                                                 requests={cell.name: 0})[cell.name]
+                                                 requests={cell.name: 0}, whole=workload)[cell.name]
             final[cell.name] = judge_all(workload, [cell], frames, laws, run, ledger, rng, sequential=True)[0]
     return frames, [final[c.name] for c in workload.cells]
 
 
 def resend_seeded(pair, workload: Workload, frames: dict, run: WorkloadRun) -> dict[str, dict[str, pd.DataFrame]]:
-    """Send a share of each seeded cell's answered requests again (:func:`promises.resend_plan`), with the same
-    bodies and seeds: once alone (one request in flight) and once interleaved with as many unseeded requests of
+    """Send a share of each seeded cell's answered requests again (:func:`promises.resend_jobs`), with the same
+    bodies and the seeds on record: once alone (one request in flight) and once interleaved with as many unseeded requests of
     other settings at the run's concurrency. Returns ``{"alone" | "mixed": {cell: rows}}`` (rows as
     :func:`outcome_rows` writes them); nothing is written to the cells' files."""
     token_map = TokenMap(pair.tokenizer, pair.vocab_size)
     cells = {c.name: c for c in workload.cells}
-    jobs = interleaved_jobs(workload, promises.resend_plan(workload, frames), run.engine, run.model, run.seed)
+    jobs = promises.resend_jobs(workload, frames, run.engine, run.model)
     filler = promises.fillers(workload, jobs, run.engine, run.model)
     mixed = [job for pair_ in zip(jobs, filler) for job in pair_]
     found: dict[str, dict[str, list]] = {}
@@ -255,8 +257,8 @@ def pairs_until_decided(pair, workload: Workload, run: WorkloadRun, reference: W
     while undecided:
         part = replace(workload, cells=tuple(undecided))
         wanted = {c.name: requests[c.name] for c in undecided}
-        frames = collect_workload(pair, part, run, run.out, requests=wanted)
-        ref_frames = collect_workload(pair, part, reference, reference.out, requests=wanted)
+        frames = collect_workload(pair, part, run, run.out, requests=wanted, whole=workload)
+        ref_frames = collect_workload(pair, part, reference, reference.out, requests=wanted, whole=workload)
         look = ledger.take(["two-sample"])["two-sample"]
         table = two_sample_results(workload, frames, ref_frames, run.suite, eos, rng, look=look, cells=undecided)
         for row in table.to_dict("records"):
