@@ -24,9 +24,8 @@ false) and honours a choice-list ``grammar`` (``root ::= "a" | "b"``, the form
 :func:`specdec_lab.workload.requests.choice_grammar` writes): each step's law is the sampler chain's, masked to the
 tokens that keep the text a prefix of a choice (end-of-text once it is one) and renormalised. Three more planted
 faults break a promise a server makes (:mod:`specdec_lab.workload.promises`) while keeping every law exact:
-``zero_logprobs`` answers logprob 0.0 for every token (llama.cpp #27972's shape); ``batch_seeds`` seeds each row
-with ``seed + its row in the batch`` (a seeded request's tokens then depend on what it was batched with: vLLM
-#51226's shape); ``grammar_gap`` leaves the grammar mask off the second token (vLLM #44297's shape).
+``zero_logprobs`` answers logprob 0.0 for every token (llama.cpp #27972's shape); ``batch_seeds`` makes a seeded row
+batched with an unseeded one draw from fresh randomness instead of its seed (vLLM #51226's shape on CPU); ``grammar_gap`` leaves the grammar mask off the second token (vLLM #44297's shape).
 
 Logits come from one target forward per distinct context (cached), in fp64 after the forward.
 """
@@ -61,7 +60,7 @@ class BatchServerConfig:
     leak_temperature: bool = False
     end_early: float = 0.0  # planted: this share of completions ends after token 1 with finish "stop" (no EOS, no stop)
     zero_logprobs: bool = False  # planted: every returned logprob is 0.0
-    batch_seeds: bool = False  # planted: a seeded row draws with seed + its index in the batch
+    batch_seeds: bool = False  # planted: a seeded row batched with an unseeded one ignores its seed
     grammar_gap: bool = False  # planted: the grammar mask is not applied at the second token
     window: float = 0.005
     max_rows: int = 32
@@ -179,10 +178,10 @@ class BatchEngine:
             leaked = rows[0].chain.sampling.temperature
             for r in rows:
                 r.chain = replace(r.chain, sampling=replace(r.chain.sampling, temperature=leaked))
-        if self.config.batch_seeds:  # planted: the row's place in the batch enters its seed
-            for index, r in enumerate(rows):
+        if self.config.batch_seeds and any(r.seed is None for r in rows):  # planted: an unseeded row in the batch
+            for r in rows:  # and every seeded row draws from fresh OS randomness instead of its seed
                 if r.seed is not None and not r.generated:
-                    r.generator = make_generator(r.seed + index)
+                    r.generator = make_generator(secrets.randbits(63))
         V = self.pair.vocab_size
         for position in range(max_tokens):
             for r in (r for r in rows if not r.finish):

@@ -34,7 +34,7 @@ def binomial_tail(k: int, n: int, rate: float) -> float:
     at most ``rate``.
 
     >>> round(binomial_tail(1, 100, 0.01), 4), round(binomial_tail(10, 100, 0.01), 8)
-    (0.634, 7.63e-06)
+    (0.634, 8e-08)
     """
     if not 0 <= k <= n:
         raise ValueError(f"need 0 <= k <= n, got k = {k}, n = {n}")
