@@ -301,6 +301,16 @@ def test_client_errors_are_refusals_server_errors_are_failures(pair):
     assert refused.refused is not None and crashed.refused is None and crashed.errors == 2
 
 
+def test_counter_drafting_claims_nothing_when_a_cell_asks_more_tokens():
+    """A choice cell asks 4 tokens in a 2-token run: its later drafts mix into the counters, so no cell is charged."""
+    cells = [CellResult(Cell("a", "x"), 10, 0, "", None, 10),
+             CellResult(Cell("c", "y", choice=("ab", "cd")), 10, 0, "", None, 10)]
+    counter_drafting(cells, {"a": 10, "c": 10}, {"verify_steps": 15, "accepted_first": 3}, 2, "uncapped")
+    assert all(r.drafting.share is None and "cell c asks more than 2 tokens" in r.drafting.reason for r in cells)
+    counter_drafting(cells[:1], {"a": 10}, {"verify_steps": 10, "accepted_first": 3}, 2, "uncapped")
+    assert cells[0].drafting.share == 1.0
+
+
 def test_counter_drafting_claims_nothing_when_the_counters_are_not_this_runs():
     cells = [CellResult(Cell("a", "x"), 10, 0, "", None, 10)]
     counter_drafting(cells, {"a": 10}, {"verify_steps": 11, "accepted_first": 3}, 2, "uncapped")  # 11 steps, 10 seqs

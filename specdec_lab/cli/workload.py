@@ -198,8 +198,7 @@ def cmd_workload(args) -> int:
             reference = audit_workload(pair, workload, ref_run)
         else:
             found = audit_workload(pair, workload, run, budget=args.budget if args.until_decided else None)
-        checks = [] if args.no_promises else check_promises(pair, workload, run, found,
-                                                            LawBook(pair, ENGINES[args.engine].order), reference)
+        checks = [] if args.no_promises else check_promises(pair, workload, run, found, reference)
     return report(args, pair, workload, suite, found, reference, two, checks)
 
 

@@ -111,7 +111,7 @@ def audit_workload(pair, workload: Workload, run: WorkloadRun, *, budget: int | 
     ``run.samples`` per cell, judged once.
 
     Returns ``{"results": [CellResult], "table": DataFrame, "summary": str, "counters": dict, "seconds": float,
-    "frames": {cell name: its rows}, "rows": [Verdict], "workload_bound": dict}`` (the workload-level certificate:
+    "frames": {cell name: its rows}, "rows": [Verdict], "workload_bound": dict, "laws": LawBook}`` (the workload-level certificate:
     :func:`specdec_lab.workload.judge.workload_bound`).
     """
     laws = LawBook(pair, ENGINES[run.engine].order)
@@ -139,7 +139,7 @@ def audit_workload(pair, workload: Workload, run: WorkloadRun, *, budget: int | 
                               if r.outcome_counts is not None and r.refused is None], run.suite.confidence)
     return {"results": results, "table": table, "summary": summary_line(results), "counters": counters,
             "seconds": seconds, "frames": frames, "rows": [r.verdict_row(run.suite.tolerance) for r in results],
-            "workload_bound": overall}
+            "workload_bound": overall, "laws": laws}
 
 
 def judge_all(workload: Workload, cells, frames: dict, laws: LawBook, run: WorkloadRun, ledger: LookLedger,
@@ -222,10 +222,12 @@ def resend_seeded(pair, workload: Workload, frames: dict, run: WorkloadRun) -> d
     return {mode: {name: pd.DataFrame(rows) for name, rows in by_cell.items()} for mode, by_cell in found.items()}
 
 
-def check_promises(pair, workload: Workload, run: WorkloadRun, found: dict, laws: LawBook,
+def check_promises(pair, workload: Workload, run: WorkloadRun, found: dict,
                    reference: dict | None = None) -> list[promises.Promise]:
     """The exact promises of :mod:`specdec_lab.workload.promises` for one judged run (``found``:
-    :func:`audit_workload`'s result); resends a share of the seeded requests (≤ 7.5 % more requests)."""
+    :func:`audit_workload`'s result, whose exact laws are reused); resends a share of the seeded requests (≤ 7.5 %
+    more requests)."""
+    laws = found["laws"]
     profile = ENGINES[run.engine]
     frames = found["frames"]
     resent = resend_seeded(pair, workload, frames, run)
