@@ -1,7 +1,8 @@
 """The main job: collect from every sampler, run the suite, write a report, decide.
 
 Correct samplers (naive; speculative K=4 at temperature 1 and 0.7 and with top-p; the point-mass
-draft at K=2; Medusa tree verification with both lossless rejection rules) must come out **equivalent**
+draft at K=2; block verification at K=2 with top-k; Medusa tree verification with both lossless rejection rules)
+must come out **equivalent**
 (TV upper bound below ε); every negative control in :data:`specdec_lab.samplers.faulty.FAULTY` and
 :data:`~specdec_lab.samplers.faulty.TREE_FAULTY`, the overlapping-streams control
 (:class:`~specdec_lab.samplers.faulty.OverlappingStreams`) and Medusa's lossy typical acceptance
@@ -15,9 +16,13 @@ drafted from the carried-over d_K); a Medusa row gets its tree depth + 2; a naiv
 the two tokens whose joint law is enumerated exactly (naive sampling has no block structure to
 cover). ``--length L`` sets one L for every row instead.
 
-Sample sizes: each lossless row's m is planned from its exact law (:func:`plan_samples`) so that a
-correct row's bound reaches its tolerance with probability 0.999 (with Holm's α = 0.01 on its tests, a
-correct row fails with probability <= 0.011); negative controls run at the scale's fixed size.
+Sample sizes and looks: each row is judged in looks (:class:`~specdec_lab.stats.LookPlan`) and stops at the first
+that decides it — a lossless row at its first certification, a negative control at its first rejection. The run's
+levels are split evenly over a row's looks (each bound at confidence 1 − 0.01/J, Holm at α = 0.01/J for J looks), so
+whichever look a row stops at, its bound holds at 99% and a correct row is falsely rejected with probability <= 0.01.
+A lossless row's looks are planned from its exact law (:func:`plan_samples`): the last where a correct row's bound
+reaches its tolerance with probability 0.999, the first where it does with probability 0.6, geometric between;
+negative controls look at a quarter, half and all of the scale's fixed size. One look is the fixed-m plan.
 Rows run side by side in worker processes (:func:`run_rows`); each row's random streams depend only
 on (seed, row index), so the report does not depend on how many workers ran it (up to float32
 rounding of the scores, which depends on the threads per process).
@@ -36,16 +41,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specdec_lab import laws, plots, report, stats
+from specdec_lab import laws, plots, report, stats, verdicts
 from specdec_lab.collect import collect
 from specdec_lab.models import load_pair
 from specdec_lab.report.tables import settings_label
 from specdec_lab.report.verify_report import RunFacts, window_words, write_verify_documents
 from specdec_lab.sampling import SamplingConfig
-from specdec_lab.samplers.faulty import FAULTY, TREE_FAULTY, OverlappingStreams
+from specdec_lab.samplers.faulty import FAULTY, SMALL_EFFECT, TREE_FAULTY, OverlappingStreams
 from specdec_lab.samplers.medusa import MedusaConfig, heads_for, medusa_rates
 from specdec_lab.samplers.naive import NaiveConfig
-from specdec_lab.samplers.rules import POINT_MASS
+from specdec_lab.samplers.protocol import merge_stats
+from specdec_lab.samplers.rules import BLOCK, POINT_MASS
 from specdec_lab.samplers.speculative import SpeculativeConfig
 from specdec_lab.samplers.tree import Tree
 from specdec_lab.laws import two_token_law
@@ -65,24 +71,22 @@ class Scale:
     medusa: bool = True  # run the Medusa rows at all (smoke: off, it checks the pipeline quickly)
     n_resamples: int = 5000  # Monte Carlo draws per calibrated test (ADK, collisions): p-values down to 2e-4
     assurance: float = 0.999  # planned sizes: a correct row's bounds reach their tolerances with this probability
-    # the overlapping-streams control: every law is exact, only the collision test sees the replayed streams
-    # (Holm p 4e-4 at 10,000, 2e-3 at 2,000), so it keeps the larger size
+    # the overlapping-streams control (every law is exact, only the collision test sees the replayed streams: Holm p
+    # 4e-4 at 10,000, 2e-3 at 2,000) and the controls of faulty.SMALL_EFFECT keep this larger size
     dependence_samples: int | None = None  # None: faulty_samples
+    looks: int = 1  # J looks a row may stop at (the run's α and confidence split over them); 1: one fixed m
 
 
-# Sample sizes. A lossless row's m is planned from the exact law after its prompt at its settings
-# (stats.plan_bound_by_simulation): the smallest m at which a correct sampler's bound is below the
-# tolerance with probability 0.999, so each lossless row turns out inconclusive with probability
-# about 0.001. The numbers per row (first-token bound at 0.02, and the joint two-token bound at 0.025
-# for the full scale) are in docs/method.md's planner table (`make coverage` prints them).
+# Sample sizes: planned per lossless row from its exact law (plan_samples; the planner table in docs/method.md)
 SCALES = {
     "smoke": Scale(1_000, 2_000, None, 0.02, medusa=False, n_resamples=999),  # tests the pipeline, lossless verdicts inconclusive
     # first-token bound <= 0.02; joint bound reported; controls at 4,000 (each rejected by a wide margin: the
     # verify table's Holm p column; sizes and their history in docs/method.md#verify-internals)
-    "default": Scale(None, 4_000, None, 0.02, dependence_samples=10_000),
+    "default": Scale(None, 4_000, None, 0.02, dependence_samples=10_000, looks=3),
     # full: the verdict rests on the joint bound too (<= 0.025 on the first two tokens, <= 0.01 on the first). Its ε
     # is the lossless rows' business; the controls keep the default's sizes, which reject each by a wide margin
-    "full": Scale(None, 4_000, None, 0.01, 0.025, ("rejection_iid", "rejection_topk"), dependence_samples=10_000),
+    "full": Scale(None, 4_000, None, 0.01, 0.025, ("rejection_iid", "rejection_topk"), dependence_samples=10_000,
+                  looks=3),
 }
 
 DEFAULT_PROMPT = "ROMEO:\n"
@@ -154,6 +158,10 @@ def uncovered(sampler, length: int) -> str:
 # the K = 4 negative controls; its low acceptance makes it the costliest row per sample at K = 4
 # (docs/method.md#verify-internals).
 POINT_MASS_K = 2
+# Block verification runs at K = 2 under top-k = 20: K = 2 is the smallest K where it differs from the token-wise
+# rule, and top-k bounds the drafted tree its exact law enumerates (laws.block: 20^K drafts a block, against V^K
+# without filtering). Its negative controls keep the same K and top-k.
+BLOCK_K, BLOCK_TOP_K = 2, 20
 
 
 def samplers_to_run(options: VerifyOptions) -> list[tuple[str, object, bool]]:
@@ -169,11 +177,13 @@ def samplers_to_run(options: VerifyOptions) -> list[tuple[str, object, bool]]:
         (f"speculative K={options.k} top-p={options.top_p:g}",
          replace(spec, sampling=replace(base, top_p=options.top_p)), True),
         (f"point-mass draft K={point_mass.k}", point_mass, True),
+        (f"block K={BLOCK_K} top-k={BLOCK_TOP_K}",
+         replace(spec, k=BLOCK_K, sampling=replace(base, top_k=BLOCK_TOP_K), verifier=BLOCK), True),
     ]
     for name, verifier in FAULTY.items():
         needs = dict(verifier.needs or {})
         k = needs.pop("k", options.k)
-        if row_length(SpeculativeConfig(k=options.k), options) >= options.k + 1:
+        if verifier.block is None and row_length(SpeculativeConfig(k=options.k), options) >= options.k + 1:
             k = options.k  # the window holds the bonus token at K: test the bug at the K under test
         runs.append((f"faulty: {name}", SpeculativeConfig(k=k, sampling=replace(base, **needs),
                                                           verifier=verifier), False))
@@ -227,16 +237,17 @@ class Row:
     name: str
     sampler: object
     lossless: bool
-    n: int
+    n: int  # samples at the last look
     length: int
     prompt: str
+    plan: stats.LookPlan | None = None  # None: one look at n
 
 
 def plan_samples(pair, options: VerifyOptions) -> dict:
-    """(prompt, sampling) -> m for the lossless rows: the smallest m at which a correct sampler's
-    first-token bound (and, with a joint tolerance, its joint two-token bound) is below the tolerance
-    with probability ``Scale.assurance``, by :func:`stats.plan_bound_by_simulation` on the exact laws
-    after that prompt at those settings. Empty when the scale or ``--samples`` fixes m."""
+    """(prompt, sampling) -> :class:`~specdec_lab.stats.LookPlan` for the lossless rows, by
+    :func:`stats.plan_looks` on the exact laws after that prompt at those settings: the last look where a correct
+    sampler's first-token bound (and, with a joint tolerance, its joint two-token bound) is below the tolerance with
+    probability ``Scale.assurance``. Empty when the scale or ``--samples`` fixes m."""
     scale = SCALES[options.scale]
     if options.samples or scale.correct_samples:
         return {}
@@ -245,12 +256,16 @@ def plan_samples(pair, options: VerifyOptions) -> dict:
     for prompt, sampling in sorted(keys, key=repr):
         law = two_token_law(pair, pair.encode(prompt), sampling)
         rng = np.random.default_rng([options.seed, len(plan)])
-        m = stats.plan_bound_by_simulation(law.first, scale.tolerance, assurance=scale.assurance, rng=rng)
-        if scale.joint_tolerance:  # the smallest m >= the first token's that serves the joint bound too
-            m = stats.plan_bound_by_simulation(law.joint, scale.joint_tolerance, assurance=scale.assurance, rng=rng,
-                                               at_least=m)
-        plan[(prompt, sampling)] = m
+        plan[(prompt, sampling)] = stats.plan_looks(
+            law.first, scale.tolerance, looks=scale.looks, assurance=scale.assurance, rng=rng,
+            joint=law.joint if scale.joint_tolerance else None, joint_eps=scale.joint_tolerance)
     return plan
+
+
+def control_looks(n: int, looks: int) -> stats.LookPlan:
+    """A negative control's looks: n/2^(J−1), ..., n/2, n, at the levels split over the J looks."""
+    sizes = tuple(sorted({max(1, n // 2 ** (looks - 1 - j)) for j in range(looks)}))
+    return stats.LookPlan(sizes, 1 - 0.01 / looks, 0.01 / looks)
 
 
 def _prompt_of(sampler, options: VerifyOptions) -> str:
@@ -269,37 +284,56 @@ def rows_to_run(pair, options: VerifyOptions, lossless: bool | None = None) -> l
             continue
         prompt = _prompt_of(sampler, options)
         if not row_lossless:
-            dependence = isinstance(sampler, OverlappingStreams) and scale.dependence_samples
-            n = dependence or scale.faulty_samples
+            larger = isinstance(sampler, OverlappingStreams) or (isinstance(sampler, SpeculativeConfig) and
+                                                                 sampler.verifier.name in SMALL_EFFECT)
+            n = (larger and scale.dependence_samples) or scale.faulty_samples
+            looks = control_looks(n, scale.looks)
         else:
-            n = options.samples or scale.correct_samples or plan[(prompt, sampler.sampling)]
-        rows.append(Row(index, name, sampler, row_lossless, n, row_length(sampler, options), prompt))
+            looks = plan.get((prompt, sampler.sampling))
+            n = options.samples or scale.correct_samples or looks.sizes[-1]
+        looks = looks if looks is not None and len(looks.sizes) > 1 else None  # one look: at n, the run's levels
+        rows.append(Row(index, name, sampler, row_lossless, n, row_length(sampler, options), prompt, looks))
     return rows
 
 
 def run_row(pair, row: Row, options: VerifyOptions, settings: SuiteSettings, folder: Path) -> dict:
-    """Collect one row's samples, score them, run the suite: the row's report entry and figure inputs.
-    Its random streams come from (seed, row index) alone, so it runs the same in any worker."""
+    """Collect one row's samples look by look, score them, run the suite, stop at the first look that decides: the
+    row's report entry and figure inputs. Look j draws new samples from seed + row index + 1000 j alone, so the row
+    runs the same in any worker."""
     started = time.time()
     prompt_ids = pair.encode(row.prompt)
-    file = folder / "samples" / f"{row.index:02d}-{_slug(row.name)}.parquet"
-    samples = collect(pair, row.sampler, row.prompt, row.n, row.length, options.seed + row.index, file,
-                      progress=options.progress and options.workers == 1)
-    tokens = samples.tokens()
+    looks = row.plan or stats.LookPlan((row.n,), settings.confidence, settings.alpha)
+    at_look = replace(settings, confidence=looks.confidence, alpha=looks.alpha)
     law = two_token_law(pair, prompt_ids, row.sampler.sampling)
-    scores = score(pair, prompt_ids, tokens, row.sampler.sampling, settings.min_prefix_count, law=law)
-    rng = np.random.default_rng([options.seed, row.index])
-    suite = run_suite(row.name, tokens, scores, settings, rng)
-    run_stats = samples.meta.get("stats")
+    parts, counts, drawn = [], [], 0
+    for look, size in enumerate(looks.sizes):
+        file = folder / "samples" / f"{row.index:02d}-{_slug(row.name)}-look{look + 1}.parquet"
+        samples = collect(pair, row.sampler, row.prompt, size - drawn, row.length,
+                          options.seed + row.index + LOOK_SEED_STRIDE * look, file,
+                          progress=options.progress and options.workers == 1)
+        drawn = size
+        parts.append(samples.tokens())
+        counts.append(samples.meta.get("stats"))
+        tokens = np.concatenate(parts)
+        scores = score(pair, prompt_ids, tokens, row.sampler.sampling, at_look.min_prefix_count, law=law)
+        rng = np.random.default_rng([options.seed, row.index])
+        suite = run_suite(row.name, tokens, scores, at_look, rng)
+        if suite.verdict != verdicts.INCONCLUSIVE:
+            break
+    run_stats = merge_stats(counts) if counts[0] else None
     if isinstance(row.sampler, MedusaConfig) and run_stats:  # rates from the merged counts
         run_stats = medusa_rates(run_stats, row.sampler.tree.depth)
     seconds = time.time() - started
     entry = {"suite": suite, "lossless": row.lossless, "stats": run_stats,
              "exact_tv": exact_tv(pair, prompt_ids, row.sampler, row.length),
-             "uncovered": uncovered(row.sampler, row.length), "seconds": seconds}
+             "uncovered": uncovered(row.sampler, row.length), "seconds": seconds,
+             "look": f"{look + 1}/{len(looks.sizes)}"}
     return {"entry": entry, "first_law": scores.first_law,
             "first_counts": np.bincount(tokens[:, 0], minlength=pair.vocab_size) / len(tokens),
             "pit": stats.randomized_pit(scores.cdf_below, scores.p_x, rng), "seconds": seconds}
+
+
+LOOK_SEED_STRIDE = 1000  # look j of row i draws from seed + i + 1000 j: distinct from every row's look 1
 
 
 _WORKER: dict = {}
@@ -420,8 +454,8 @@ def run_verify(pair, options: VerifyOptions) -> dict:
             results[row.index] = result
             if options.progress:
                 suite = result["entry"]["suite"]
-                print(f"  {row.name:<42} m={row.n:<7} L={row.length:<2} {suite.verdict:<12} "
-                      f"({result['seconds']:.0f}s)", flush=True)
+                print(f"  {row.name:<42} m={suite.m:<7} L={row.length:<2} look {result['entry']['look']:<4} "
+                      f"{suite.verdict:<12} ({result['seconds']:.0f}s)", flush=True)
     rows = sorted(controls + planned, key=lambda row: row.index)
     ordered = [(row, results[row.index]) for row in rows]
     entries = [result["entry"] for _, result in ordered]
@@ -436,17 +470,18 @@ def run_verify(pair, options: VerifyOptions) -> dict:
     summary = report.summary_table(entries)
     table = report.verdict_table(entries)
     report.plot_tv_bounds(summary, scale.tolerance, folder / "tv_bounds.png")
-    verdicts = dict(zip(summary["sampler"], summary["verdict"]))
+    verdict_of = dict(zip(summary["sampler"], summary["verdict"]))
     report.plot_first_token(first_laws, ordered[0][1]["first_law"], folder / "first_token.png",
                             tokens=plots.token_strings(pair), samples={row.name: row.n for row, _ in ordered
                                                                        if row.name in first_laws})
-    report.plot_pit(pits, folder / "pit.png", verdicts=verdicts, selection=pit_selection)
+    report.plot_pit(pits, folder / "pit.png", verdicts=verdict_of, selection=pit_selection)
     seconds = time.time() - began
     facts = RunFacts(options.prompt, options.medusa_prompt, options.k, options.seed, options.scale, scale.tolerance,
                      scale.joint_tolerance, scale.assurance, not (options.samples or scale.correct_samples),
                      window_words(options.length or scale.length), options.workers, seconds)
     details = {row.name: {"L": row.length, "prompt": row.prompt, "seed": options.seed + row.index,
-                          "settings": settings_label(row.sampler.sampling)} for row in rows}
+                          "settings": settings_label(row.sampler.sampling),
+                          "look": results[row.index]["entry"]["look"]} for row in rows}
     verdict_rows, status = write_verify_documents(folder, summary, table, facts, pair, details)
     return {"summary": summary, "table": table, "folder": folder, "passed": status == 0, "status": status,
             "rows": verdict_rows, "seconds": seconds}

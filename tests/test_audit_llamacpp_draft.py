@@ -49,6 +49,8 @@ def servers(tmp_path_factory):
     try:
         started["target-draft"] = llamacpp.start_llama_server(target, tmp, draft)
         started["target-nodraft"] = llamacpp.start_llama_server(target, tmp)
+        # llama.cpp's lossy benchmarking mode (--spec-synth-len K + 1: every draft kept): the positive control
+        started["target-draft-synthetic"] = llamacpp.start_llama_server(target, tmp, draft, synthetic_length=K + 1)
         yield {alias: server.base_url for alias, server in started.items()}
     finally:
         for server in started.values():
@@ -136,6 +138,15 @@ def test_negative_control_through_draft_server_rejected(servers, pair, prompt, t
                    tmp_path / "control.parquet", prompt="ROMEO:\n", seed=33, scored_at=SamplingConfig(), expected="negative control",
                    settings=SETTINGS, progress=False)
     assert result.suite.verdict == "rejected" and result.summary()["correct call"]
+
+
+def test_synthetic_acceptance_rejected(servers, pair, prompt, tmp_path):
+    """The same deployment with llama.cpp's documented lossy switch on (``--spec-synth-len``, "benchmarking only"):
+    every draft is kept whatever p says, so tokens 2..K+1 follow the draft; the audit path must reject it."""
+    result = audit(pair, config(servers, "target-draft-synthetic"), 600, L, tmp_path / "synthetic.parquet",
+                   prompt="ROMEO:\n", seed=35, settings=SETTINGS, progress=False)
+    assert result.suite.verdict == "rejected", result.tests()
+    assert result.summary()["speculative steps"] > 0.5
 
 
 def test_unknown_bundled_model_refused():

@@ -5,7 +5,7 @@ import torch
 
 from specdec_lab.laws import markov_logits_at, model_logits_at, sequence_law, step_law, tv
 from specdec_lab.sampling import SamplingConfig, make_generator, to_probs
-from specdec_lab.samplers.faulty import FAULTY
+from specdec_lab.samplers.faulty import FAULTY, SMALL_EFFECT
 from specdec_lab.samplers.naive import NaiveConfig, sample_naive
 from specdec_lab.samplers.rules import LEVIATHAN, LOSSLESS, POINT_MASS
 
@@ -98,7 +98,8 @@ def faulty_tvs(pair, prompt):
 
 @pytest.mark.parametrize("name", sorted(FAULTY))
 def test_every_faulty_rule_has_a_real_exact_effect(faulty_tvs, name):
-    assert faulty_tvs[name] > 0.005, f"{name}: exact TV {faulty_tvs[name]:.2e} too small to be a control"
+    floor = 0.003 if name in SMALL_EFFECT else 0.04  # SMALL_EFFECT: run at the larger control size (test_speculative)
+    assert faulty_tvs[name] > floor, f"{name}: exact TV {faulty_tvs[name]:.2e} too small to be a control"
 
 
 def test_faulty_rules_differ_in_the_adversarial_case():

@@ -22,11 +22,18 @@ def test_default_scale_plans_each_lossless_row(pair):
     assert rows["speculative K=4 top-p=0.9"].n < rows["speculative K=4 T=0.7"].n < rows["naive"].n
     assert 20_000 < rows["naive"].n < 200_000
     controls = {name: row.n for name, row in rows.items() if not row.lossless}
-    assert set(controls.values()) == {4_000, 10_000}  # the dependence control keeps the larger size
-    assert [name for name, n in controls.items() if n == 10_000] == [
-        next(name for name in controls if name.startswith("faulty: overlapping_streams"))]
+    assert set(controls.values()) == {4_000, 10_000}  # the dependence control and SMALL_EFFECT keep the larger size
+    assert sorted(name for name, n in controls.items() if n == 10_000) == [
+        "faulty: block_tokenwise_residual", next(name for name in controls if name.startswith("faulty: overlapping"))]
+    # three looks each: a lossless row from the size where its bound passes with probability 0.6 up to n, at the
+    # run's levels split three ways; a control at a quarter, a half and all of its size
+    for row in rows.values():
+        assert len(row.plan.sizes) == 3 and row.plan.sizes[-1] == row.n and list(row.plan.sizes) == sorted(row.plan.sizes)
+        assert row.plan.alpha == pytest.approx(0.01 / 3) and row.plan.confidence == pytest.approx(1 - 0.01 / 3)
+    assert rows["faulty: always_accept"].plan.sizes == (1_000, 2_000, 4_000)
     fixed = rows_to_run(pair, VerifyOptions(samples=5000, medusa=False))
     assert {row.n for row in fixed if row.lossless} == {5000}
+    assert all(row.plan is None for row in rows_to_run(pair, VerifyOptions(scale="smoke")))  # one look
 
 
 def test_full_scale_controls_keep_the_default_sizes(pair):

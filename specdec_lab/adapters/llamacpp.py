@@ -43,14 +43,15 @@ from specdec_lab.models import BUNDLED_DIR
 ALIASES = {"target": "plain sampling", "target-lookup": "prompt-lookup speculative decoding"}
 LOOKUP_TOKENS = 4  # draft_model_num_pred_tokens of the speculative alias (K), like verify's K = 4
 # llama.cpp's own server (built by build_engine), one process per alias
-SERVER_ALIASES = {"target-draft": "draft-model speculative decoding", "target-nodraft": "plain sampling"}
+SERVER_ALIASES = {"target-draft": "draft-model speculative decoding", "target-nodraft": "plain sampling",
+                  "target-draft-synthetic": "draft model with synthetic acceptance, --spec-synth-len (lossy by design)"}
 DRAFT_TOKENS = 4  # --spec-draft-n-max of target-draft (K)
 ENV_URL = "SPECDEC_LAB_LLAMA_SERVER"  # set by .ci/run: a running server the tests use instead of their own
 
 
 def server_label(alias: str) -> str:
     if alias in SERVER_ALIASES:
-        k = f", K={DRAFT_TOKENS}" if alias == "target-draft" else ""
+        k = f", K={DRAFT_TOKENS}" if alias.startswith("target-draft") else ""
         return f"llama.cpp llama-server (vendored in llama-cpp-python {VERSION}; {SERVER_ALIASES[alias]}{k})"
     return f"llama-cpp-python {VERSION} ({ALIASES[alias]})"
 
@@ -83,15 +84,19 @@ def start_server(gguf: Path, workdir: Path, port: int | None = None, threads: in
 
 
 def llama_server_command(target: Path, port: int, draft: Path | None = None, threads: int = 1,
-                         draft_tokens: int = DRAFT_TOKENS, parallel: int = 1, batch: int | None = None) -> list[str]:
+                         draft_tokens: int = DRAFT_TOKENS, parallel: int = 1, batch: int | None = None,
+                         synthetic_length: int | None = None) -> list[str]:
     """``llama-server`` on loopback: ``parallel`` slots of 512 tokens each (continuous batching), f32 KV caches (as
     the llama-cpp-python server), ``/metrics`` on, ``batch`` the prefill chunk (``-b``/``-ub``; None: the
     engine's default), and with ``draft`` the draft model proposing ``draft_tokens`` tokens per pass on every
-    step it can (``--spec-draft-n-min 0``: no minimum; ``--spec-draft-p-min 0``: no confidence cut-off)."""
+    step it can (``--spec-draft-n-min 0``: no minimum; ``--spec-draft-p-min 0``: no confidence cut-off).
+    ``synthetic_length`` turns on llama.cpp's documented lossy benchmarking mode, ``--spec-synth-len L`` (draft tokens
+    kept by a coin at fixed rates whatever p and q say; L = draft_tokens + 1 keeps every draft): a positive control
+    the audit must reject."""
     command = [str(engine_binary("llama-server")), "-m", str(target), "--host", "127.0.0.1", "--port", str(port),
                "-c", str(512 * parallel), "-np", str(parallel), "-t", str(threads), "-tb", str(threads),
                "-ctk", "f32", "-ctv", "f32",
-               "--metrics", "--no-webui", "--no-warmup", "-a", "target-nodraft" if draft is None else "target-draft"]
+               "--metrics", "--no-webui", "--no-warmup", "-a", _alias(draft, synthetic_length)]
     if batch is not None:
         command += ["-b", str(batch), "-ub", str(batch)]
     if draft is not None:
@@ -100,17 +105,30 @@ def llama_server_command(target: Path, port: int, draft: Path | None = None, thr
         command += ["-md", str(draft), "--spec-type", "draft-simple", "-td", str(threads), "-tbd", str(threads),
                     "-ctkd", "f32", "-ctvd", "f32",
                     "--spec-draft-n-max", str(draft_tokens), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]
+    if synthetic_length is not None:
+        if draft is None:
+            raise ValueError("synthetic acceptance needs a draft model")
+        command += ["--spec-synth-len", str(synthetic_length)]
     return command
+
+
+def _alias(draft: Path | None, synthetic_length: int | None) -> str:
+    if draft is None:
+        return "target-nodraft"
+    return "target-draft" if synthetic_length is None else "target-draft-synthetic"
 
 
 def start_llama_server(target: Path, workdir: Path, draft: Path | None = None, port: int | None = None,
                        threads: int = 1, draft_tokens: int = DRAFT_TOKENS, startup_timeout: float = 120.0,
-                       parallel: int = 1, batch: int | None = None) -> LoopbackServer:
-    """Start llama.cpp's ``llama-server`` (built by :func:`build_engine`) and wait until ``/health`` answers."""
+                       parallel: int = 1, batch: int | None = None,
+                       synthetic_length: int | None = None) -> LoopbackServer:
+    """Start llama.cpp's ``llama-server`` (built by :func:`build_engine`, options as :func:`llama_server_command`) and
+    wait until ``/health`` answers."""
     port = port or free_port()
     log = workdir / f"llama-server-{port}.log"
     with open(log, "wb") as out:
-        process = subprocess.Popen(llama_server_command(target, port, draft, threads, draft_tokens, parallel, batch),
+        process = subprocess.Popen(llama_server_command(target, port, draft, threads, draft_tokens, parallel, batch,
+                                                        synthetic_length),
                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                    env={**os.environ, "OMP_NUM_THREADS": str(threads)})
     return wait_until_up(LoopbackServer(process, f"http://127.0.0.1:{port}", log), "/health", startup_timeout,

@@ -16,7 +16,7 @@ from specdec_lab.experiments.chi_square import Check, check_sampler, sample_size
 from specdec_lab.experiments.proof_by_numbers import exact_rule_table
 from specdec_lab.experiments.scale import default_device, setup, work_dir  # noqa: F401 (for the notebook)
 from specdec_lab.sampling import SamplingConfig, make_generator, to_probs
-from specdec_lab.samplers.faulty import FAULTY
+from specdec_lab.samplers.faulty import FAULTY, SMALL_EFFECT
 from specdec_lab.samplers.speculative import SpeculativeConfig
 from specdec_lab.suite import SuiteSettings, run_suite
 from specdec_lab.verify import VerifyOptions, samplers_to_run
@@ -115,8 +115,15 @@ def run_controls(pair, prompt: str, n: int, length: int, seed: int, settings: Su
     runs = [r for r in samplers_to_run(VerifyOptions(k=k, length=length)) if not r[2]]
     tvs = exact_rule_table(pair, pair.encode(prompt), runs, length=2).set_index("rule")["exact TV"]
     folder = work_dir()
-    return [check_sampler(pair, name, sampler, False, prompt, n, length, seed + i, settings, folder, float(tvs.get(name, np.nan)))
+    return [check_sampler(pair, name, sampler, False, prompt, _control_size(sampler, n), length, seed + i, settings,
+                          folder, float(tvs.get(name, np.nan)))
             for i, (name, sampler, _) in enumerate(runs)]
+
+
+def _control_size(sampler, n: int) -> int:
+    """n, or at least 10,000 for a control of :data:`~specdec_lab.samplers.faulty.SMALL_EFFECT` (as verify runs it)."""
+    small = isinstance(sampler, SpeculativeConfig) and sampler.verifier.name in SMALL_EFFECT
+    return max(n, 10_000) if small else n
 
 
 def first_token_alternatives(pair, prompt_ids: torch.Tensor, names) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -313,6 +320,21 @@ def bug_anatomy(pair, prompt_ids: torch.Tensor) -> list[dict]:
             parts.append({"name": f"{name} (token 2 after an accepted '{pair.decode([first])}', K = 1; TV of tokens 1–2)",
                           "p": p_next.numpy(), "kept": p.numpy(), "replaced": np.zeros_like(p.numpy()),
                           "labels": ("bonus drawn from p at position K", ""), "tv": law.tv, "settings": needs})
+            continue
+        if name in SMALL_EFFECT:  # its first token is exact: token 2's law after the most likely first token
+            law = laws.sequence_law(cached_logits_at(pair, prompt_ids), pair.vocab_size, k, 2, config, verifier)
+            first = int(torch.argmax(p))
+            next_logits, _ = laws.model_logits_at(pair, prompt_ids)(torch.tensor([[first]]))
+            p_next = to_probs(next_logits[0], config)
+            token2 = law.law[first] / law.law[first].sum()
+            parts.append({"name": f"{name} (token 2 after '{pair.decode([first])}', K = {k}; TV of tokens 1–2)",
+                          "p": p_next.numpy(), "kept": token2.numpy(), "replaced": np.zeros_like(p.numpy()),
+                          "labels": ("token 2's law given token 1", ""), "tv": law.tv, "settings": needs})
+            continue
+        if verifier.block:  # token 1: a kept first draft (τ ≥ 1) or the replacement after none (τ = 0)
+            kept, replaced = laws.block_first_token_parts(cached_logits_at(pair, prompt_ids), k, config, verifier)
+            parts.append({"name": f"{name} (token 1, K = {k})", "p": p.numpy(), "kept": kept.numpy(),
+                          "replaced": replaced.numpy(), "tv": float(laws.tv(kept + replaced, p)), "settings": needs})
             continue
         kept, replaced = laws.step_parts(target_logits, draft_logits, config, verifier)
         parts.append({"name": f"{name} (token 1)", "p": p.numpy(), "kept": kept.numpy(), "replaced": replaced.numpy(),

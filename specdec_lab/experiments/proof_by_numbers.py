@@ -245,3 +245,72 @@ def block_argument(pair, prompt_ids: torch.Tensor, config: SamplingConfig = Samp
     ])
     return {"first token": pair.decode([t]), "p next": p2[t].numpy(), "routes": routes, "tv": tv,
             "decomposition vs library": float((joint_right - k2.law).abs().max())}
+
+
+# ---------------------------------------------------------------- block verification (Sun et al. 2025)
+
+# The 3-token toy of the numpy enumerator above it in notebook 02: p(x | previous token) and q(x | previous token) over
+# tokens 0, 1, 2; row 3 is the start (before any token).
+TOY_P = np.array([[.5, .3, .2], [.1, .6, .3], [.4, .1, .5], [.2, .5, .3]])
+TOY_Q = np.array([[.2, .2, .6], [.3, .3, .4], [.6, .2, .2], [.5, .2, .3]])
+
+
+def toy_logits_at(P: np.ndarray = TOY_P, Q: np.ndarray = TOY_Q):
+    """``logits_at`` (:mod:`specdec_lab.laws`) of the toy chains: the law after a prefix depends on its last token,
+    the start row (the last row) when the prefix is empty."""
+    target, draft = torch.log(torch.tensor(P)), torch.log(torch.tensor(Q))
+    start = len(P) - 1
+
+    def logits_at(prefixes: torch.Tensor):
+        state = prefixes[:, -1] if prefixes.shape[1] else torch.full((len(prefixes),), start, dtype=torch.long)
+        return target[state], draft[state]
+
+    return logits_at
+
+
+def toy_blocks(verifier=None, k: int = 2) -> pd.DataFrame:
+    """Every K = 2 block the toy's draft can propose after the start: its probability, and the chance that the token-wise
+    rule and block verification keep both drafts and keep the first (from :func:`specdec_lab.laws.block_outcomes`)."""
+    from specdec_lab.samplers.rules import BLOCK
+
+    verifier = verifier or BLOCK
+    tree = laws.block_tree(toy_logits_at(), torch.zeros(0, dtype=torch.long), k, SamplingConfig(), verifier,
+                           bonus=False)
+    out = laws.block_outcomes(tree, verifier)
+    leaves, first = tree.tokens[k], tree.parent[k]
+    q1 = tree.q_sample[0][0, leaves[:, 0]]
+    q2 = tree.q_sample[1][first, leaves[:, 1]]
+    a1 = torch.clamp(tree.p[0][0, leaves[:, 0]] / q1, max=1.0)
+    a2 = torch.clamp(tree.p[1][first, leaves[:, 1]] / q2, max=1.0)
+    kept_two = out.kept[k] / (q1 * q2)  # P(τ = 2 | block)
+    return pd.DataFrame({"drafts": [tuple(row) for row in leaves.tolist()], "q(block)": (q1 * q2).numpy(),
+                         "token-wise keeps both": (a1 * a2).numpy(), "block keeps both": kept_two.numpy()})
+
+
+def toy_law_tv(verifier=None, k: int = 2, length: int = 3) -> float:
+    """Exact TV between the toy's law of the first ``length`` tokens under ``verifier`` (block verification by default)
+    and the chain rule of p."""
+    from specdec_lab.samplers.rules import BLOCK
+
+    return laws.sequence_law(toy_logits_at(), 3, k, length, SamplingConfig(), verifier or BLOCK).tv
+
+
+def block_tokens_per_pass(pair, prompt_ids: torch.Tensor, settings: dict, samples: int, seed: int = 0) -> pd.DataFrame:
+    """Tokens per target pass of block verification against the token-wise rule on the real pair, per sampling setting:
+    exact for one K = 2 block after the prompt (:func:`specdec_lab.laws.tokens_per_pass`) and measured over ``samples``
+    chains of K + 2 tokens at K = 2 and K = 4 (both rules on the same seed)."""
+    from specdec_lab.samplers.rules import BLOCK, LEVIATHAN
+
+    logits_at = cached_logits_at(pair, prompt_ids)
+    rows = []
+    for label, config in settings.items():
+        tree = laws.block_tree(logits_at, torch.zeros(0, dtype=torch.long), 2, config, BLOCK, bonus=False)
+        exact = laws.tokens_per_pass(tree, BLOCK)
+        row = {"settings": label, "exact K=2 block": exact["block"], "exact K=2 token-wise": exact["tokenwise"]}
+        for k in (2, 4):
+            for rule, verifier in (("block", BLOCK), ("token-wise", LEVIATHAN)):
+                spec = SpeculativeConfig(k=k, sampling=config, verifier=verifier)
+                stats_ = sample_speculative(pair, prompt_ids, samples, k + 2, spec, make_generator(seed, pair.device)).stats
+                row[f"measured K={k} {rule}"] = stats_["tokens_per_target_pass"]
+        rows.append(row)
+    return pd.DataFrame(rows)

@@ -27,12 +27,13 @@ __all__ = ["LogitsAt", "SequenceLaw", "cached_logits_at", "first_token_law", "fi
            "markov_logits_at", "medusa_first_token_law", "medusa_tree_at", "model_logits_at", "sequence_law",
            "step_law", "step_parts", "tree_first_token_law", "tv", "tv_typical", "typical_first_token_law"]
 
-from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 import torch
 
+from specdec_lab.laws.block import block_sequence_law
+from specdec_lab.laws.common import LogitsAt, SequenceLaw, tv
 from specdec_lab.sampling import SamplingConfig, to_probs
 from specdec_lab.samplers.rules import Verifier
 
@@ -42,7 +43,7 @@ def step_parts(target_logits: torch.Tensor, draft_logits: torch.Tensor, config: 
     """(kept, replaced): a(x) and ρ·r(x), each (..., V), for one verification position."""
     p = verifier.target_law(target_logits, config)
     laws = verifier.draft_law(draft_logits, config)
-    kept = laws.q_sample * verifier.accept_prob(p, torch.where(laws.q_sample > 0, laws.q_ratio, 1.0))
+    kept = verifier.noise.kept(laws.q_sample, verifier.accept_prob(p, torch.where(laws.q_sample > 0, laws.q_ratio, 1.0)))
     kept = torch.where(laws.q_sample > 0, kept, 0.0)
     rejected_mass = 1.0 - kept.sum(dim=-1, keepdim=True)
     return kept, rejected_mass * verifier.residual(p, laws.q_ratio)
@@ -55,28 +56,6 @@ def step_law(target_logits: torch.Tensor, draft_logits: torch.Tensor, config: Sa
     return kept + replaced
 
 
-def tv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Total variation ½ Σ |a − b| over the last axis."""
-    return 0.5 * (a - b).abs().sum(dim=-1)
-
-
-LogitsAt = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-
-
-@dataclass(frozen=True)
-class SequenceLaw:
-    law: torch.Tensor  # (V,)*L joint law of the first L emitted tokens
-    target: torch.Tensor  # (V,)*L the target's own joint law, the chain rule of p
-
-    @property
-    def tv(self) -> float:
-        return float(0.5 * (self.law - self.target).abs().sum())
-
-    @property
-    def max_abs_error(self) -> float:
-        return float((self.law - self.target).abs().max())
-
-
 def sequence_law(logits_at: LogitsAt, vocab_size: int, k: int, length: int, config: SamplingConfig,
                  verifier: Verifier, bonus_law: Callable | None = None) -> SequenceLaw:
     """Joint law of the first ``length`` tokens of speculative sampling with K drafts per block.
@@ -86,7 +65,12 @@ def sequence_law(logits_at: LogitsAt, vocab_size: int, k: int, length: int, conf
     262k cells). State per prefix: the position i = 0..K inside the current block (K = bonus).
     ``bonus_law(target_logits, config)``, when given, is the law the bonus token is drawn from
     instead of the verifier's p (a planted fault: e.g. the bonus sampled at another temperature).
+    A block verifier (``verifier.block``) is enumerated block by block (:func:`specdec_lab.laws.block.block_sequence_law`).
     """
+    if verifier.block:
+        if bonus_law is not None:
+            raise ValueError("bonus_law is not supported for block verification")
+        return block_sequence_law(logits_at, vocab_size, k, length, config, verifier)
     V, K = vocab_size, k
     prefixes = torch.zeros(1, 0, dtype=torch.long)  # (n, t)
     mass = torch.zeros(1, K + 1, dtype=torch.float64)  # (n, K+1) mass at each block position
@@ -148,6 +132,10 @@ def first_token_law(pair, prompt_ids: torch.Tensor, sampling: SamplingConfig = S
 def first_token_rule_law(pair, prompt_ids: torch.Tensor, config) -> np.ndarray:
     """The exact law (V,) of the first token a speculative sampler emits after the prompt (``config``: a
     :class:`~specdec_lab.samplers.speculative.SpeculativeConfig`, its sampling and verifier)."""
+    if config.verifier.block:  # whether x_1 is kept depends on the later drafts: enumerate the whole block
+        law = block_sequence_law(model_logits_at(pair, prompt_ids), pair.vocab_size, config.k, 1, config.sampling,
+                                 config.verifier)
+        return law.law.numpy()
     target_logits, draft_logits = first_token_logits(pair, prompt_ids)
     return step_law(target_logits, draft_logits, config.sampling, config.verifier).numpy()
 

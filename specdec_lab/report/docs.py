@@ -80,7 +80,7 @@ def view_columns(doc: dict, rows: list[dict]) -> tuple[list[str], list[list[str]
     return headers, body
 
 
-VERIFY_COLUMNS = [("sampler", "sampler"), ("expected", "expected"), ("m", "m"), ("L", "L"),
+VERIFY_COLUMNS = [("sampler", "sampler"), ("expected", "expected"), ("m (look)", "m"), ("L", "L"),
                   ("exact TV (2 tokens)", "exact_tv_2_tokens", ".2g"), ("**TV upper 99%** (token 1)", "tv_upper", ".4f"),
                   ("TV upper 99% (2 tokens)", "tv_upper_2_tokens", ".4f"), ("independence p", "independence_p", ".2g"),
                   ("Holm p", "holm_p", ".2g"), ("tokens/pass (theory)", "tokens_per_pass"), ("verdict", "verdict")]
@@ -97,6 +97,8 @@ def view_verify(doc: dict, rows: list[dict]) -> tuple[list[str], list[list[str]]
             if name == "tokens_per_pass":
                 theory = r.get("theory_tokens_per_pass")
                 text = "" if value is None else f"{value:.2f}" + ("" if theory is None else f" ({theory:.2f})")
+            elif name == "m":  # the samples the row used, and the look it stopped at (of how many)
+                text = fmt_number(value) + (f" ({r['look']})" if r.get("look") else "")
             elif name == "tv_upper":
                 text = f"**{value:.4f}**"
             elif name == "exact_tv_2_tokens" and value is not None and value == 0:
@@ -106,6 +108,18 @@ def view_verify(doc: dict, rows: list[dict]) -> tuple[list[str], list[list[str]]
             cells.append(text)
         body.append(cells)
     return headers, body
+
+
+def view_verify_counts(doc: dict, rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """``verify`` in one line: how many lossless rows came out as expected, how many negative controls."""
+    from specdec_lab import verdicts
+
+    def tally(expected: str) -> str:
+        picked = [r for r in rows if r["expected"] == expected]
+        return f"{sum(bool(r['correct_call']) for r in picked)} of {len(picked)}"
+
+    return (["lossless rows equivalent", "negative controls rejected"],
+            [[tally(verdicts.LOSSLESS), tally(verdicts.NEGATIVE_CONTROL)]])
 
 
 ENGINE_COLUMNS = ["engine, method", "settings", "m", "TV upper 99%, tokens 1–2 (token 1)", "drafted share", "verdict",
@@ -211,7 +225,8 @@ def _int(value):
     return None if value is None else int(value)
 
 
-VIEWS: dict[str, Callable] = {"columns": view_columns, "verify": view_verify, "two-sample": view_two_sample,
+VIEWS: dict[str, Callable] = {"columns": view_columns, "verify": view_verify, "verify-counts": view_verify_counts,
+                              "two-sample": view_two_sample,
                               "promises": view_promises, "cells": view_cells, "certificate": view_certificate,
                               "two-sample-looks": view_two_sample_looks}
 

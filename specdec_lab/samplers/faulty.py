@@ -20,7 +20,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from specdec_lab.sampling import SamplingConfig, to_probs
-from specdec_lab.samplers.rules import LEVIATHAN, DraftLaws, Law, Mode, Verifier, draft_point_mass
+from specdec_lab.samplers.rules import (BLOCK, LEVIATHAN, POINT_MASS, AcceptanceNoise, DraftLaws, Law, Mode, Verifier,
+                                       draft_point_mass, residual_positive_part)
 
 
 def _accept_always(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
@@ -57,16 +58,53 @@ def _draft_argmax_softmax_q(logits: torch.Tensor, config: SamplingConfig) -> Dra
     return DraftLaws(draft_point_mass(logits, config).q_sample, to_probs(logits, config))
 
 
+def _draft_argmax_logit_q(logits: torch.Tensor, config: SamplingConfig) -> DraftLaws:
+    """Draft token is the argmax, and the draft's raw logits stand in for q in the ratio and the residual."""
+    return DraftLaws(draft_point_mass(logits, config).q_sample, logits.to(config.dtype))
+
+
+def _accept_never(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
+    """The acceptance test reads p(x) after the recovery step zeroed it in place: 0, so nothing is kept."""
+    return torch.zeros_like(p_x)
+
+
+def _residual_unweighted(weighted_p: Law, q: Law) -> Law:
+    """Block verification's replacement drawn from the token-wise norm((p − q)+): the block weight w is divided out."""
+    total = weighted_p.sum(dim=-1, keepdim=True)
+    return residual_positive_part(torch.where(total > 0, weighted_p / torch.where(total > 0, total, 1.0), weighted_p), q)
+
+
+def _stop_without_lookahead(w: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """Block verification's stop coin read off the block weight alone, h_i = w_i, as a token-wise test reads its
+    ratio: the residual mass still to come (r_i) is ignored."""
+    return w
+
+
+def _reused_uniforms(draft_u: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    return draft_u
+
+
+def _kept_reused(q_sample: Law, accept: torch.Tensor) -> Law:
+    """x is drafted for u in [F(x−), F(x)) (inverse CDF in vocabulary order) and kept for u < accept(x): the
+    length of the overlap of the two intervals."""
+    cdf = torch.cumsum(q_sample, dim=-1) / q_sample.sum(dim=-1, keepdim=True)
+    return torch.clamp(torch.minimum(cdf, accept) - (cdf - q_sample / q_sample.sum(dim=-1, keepdim=True)), min=0.0)
+
+
+REUSED_DRAFT_NOISE = AcceptanceNoise("reused draft noise", _reused_uniforms, _kept_reused)
+
+
 def _target_unfiltered(logits: torch.Tensor, config: SamplingConfig) -> Law:
     """Target law computed with the model's default settings (temperature 1, no filtering)."""
     return to_probs(logits, SamplingConfig(dtype=config.dtype))
 
 
-def _control(name: str, changed: dict, description: str, anchor: str, needs: dict | None = None) -> Verifier:
-    """:data:`~specdec_lab.samplers.rules.LEVIATHAN` with one piece changed (``changed``: the
-    :class:`~specdec_lab.samplers.rules.Verifier` field and its faulty value), marked not lossless."""
-    return replace(LEVIATHAN, name=name, lossless=False, description=description, anchor=anchor, needs=needs,
-                   **changed)
+def _control(name: str, changed: dict, description: str, anchor: str, needs: dict | None = None,
+             base: Verifier = LEVIATHAN) -> Verifier:
+    """A lossless rule (``base``, :data:`~specdec_lab.samplers.rules.LEVIATHAN` by default) with one piece changed
+    (``changed``: the :class:`~specdec_lab.samplers.rules.Verifier` field and its faulty value), marked not
+    lossless."""
+    return replace(base, name=name, lossless=False, description=description, anchor=anchor, needs=needs, **changed)
 
 
 FAULTY = {v.name: v for v in (
@@ -101,7 +139,34 @@ FAULTY = {v.name: v for v in (
              "target probabilities at default temperature while the draft is tempered",
              "vLLM issue #9834, fixed by PR #10198 (target probabilities at default sampling "
              "parameters while the draft was filtered)", needs={"temperature": 0.7}),
+    _control("block_tokenwise_residual", {"residual": _residual_unweighted},
+             "block verification whose replacement token comes from the token-wise norm((p - q)+)",
+             "vllm-ascend issue #7807, fixed by PR #7808 (block verification with the token-wise residual; its "
+             "acceptance was token-wise too)", needs={"k": 2, "top_k": 5}, base=BLOCK),
+    _control("block_no_lookahead", {"block": _stop_without_lookahead},
+             "block verification whose stop coin at position i is the block weight w_i alone (no look-ahead mass)",
+             "vllm-ascend issue #7807, fixed by PR #7808 (its acceptance compared the block weight with a product of "
+             "uniforms, without the look-ahead mass; its residual was token-wise)", needs={"k": 2, "top_k": 20},
+             base=BLOCK),
+    _control("draft_noise_reused", {"noise": REUSED_DRAFT_NOISE},
+             "the uniform that drew the draft token is reused as its acceptance uniform",
+             "vLLM Model Runner V2 with probabilistic drafting: draft noise, acceptance uniform and recovery draw "
+             "from one Philox offset (PR #47386; fixed by PR #54282, which salts the draft's offset)"),
+    _control("target_zeroed_before_recovery", {"accept_prob": _accept_never},
+             "greedy (n-gram) draft; the acceptance test reads p(x) after recovery zeroed it in place",
+             "the n-gram recovery path of vllm-ascend PR #2881's description (p(x) zeroed in place and not "
+             "restored; the released kernels restore it)", base=POINT_MASS),
+    _control("argmax_draft_logit_q", {"draft_law": _draft_argmax_logit_q},
+             "draft token is argmax q, and its raw logits enter the ratio and residual as q",
+             "the shape z-lab/dflash issue #74 alleges for greedy block drafters at T > 0 (the reference's own "
+             "verification compares tokens and keeps p)"),
 )}
+
+
+# Controls whose fault moves the law of tokens 1-2 by less than 0.01 TV on the bundled pair: the weighted residual only
+# matters after a kept draft whose weight fell below 1, so the conditional law of token 2 carries it. Harnesses run
+# them at their larger control size (verify: Scale.dependence_samples).
+SMALL_EFFECT = ("block_tokenwise_residual",)
 
 
 def get(name: str) -> Verifier:

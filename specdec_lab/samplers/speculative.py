@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec_lab.sampling import SamplingConfig, sample
+from specdec_lab.sampling import SamplingConfig, inverse_cdf, sample
+from specdec_lab.samplers.block import verify_block
 from specdec_lab.samplers.decoder import Decoder
 from specdec_lab.samplers.protocol import CHUNK, SampleResult, check_request, in_chunks, speculative_rates
 from specdec_lab.samplers.rules import LEVIATHAN, Verifier
@@ -60,33 +61,37 @@ def propose(draft: Decoder, first: torch.Tensor, keep_first: torch.Tensor | None
             config: SpeculativeConfig, generator: torch.Generator):
     """Draft k[b] tokens for chain b (k non-increasing). first: (B, T0) tokens opening the step.
 
-    Returns tokens (B, k_max) and q_ratio (B, k_max, V), zero past each chain's k[b]. Draft pass i
-    runs only over the chains that still need a token (a prefix of the batch)."""
+    Returns tokens (B, k_max), q_ratio (B, k_max, V) and the uniforms each token was drawn with (B, k_max), zero past
+    each chain's k[b]. Draft pass i runs only over the chains that still need a token (a prefix of the batch)."""
     verifier, B, k_max = config.verifier, len(k), int(k[0])
     tokens = torch.zeros(B, k_max, dtype=torch.long, device=k.device)
     q_ratio = torch.zeros(B, k_max, draft.vocab_size, dtype=config.sampling.dtype, device=k.device)
+    uniforms = torch.zeros(B, k_max, dtype=config.sampling.dtype, device=k.device)
     if k_max == 0:
-        return tokens, q_ratio
+        return tokens, q_ratio, uniforms
     logits = draft.feed(first, keep_first, widths=torch.where(k > 0, first.shape[1], 0))[:, -1]  # (B, V)
     for i in range(k_max):
         b = int((k > i).sum())  # chains drafting token i + 1
         laws = verifier.draft_law(logits[:b], config.sampling)
-        tokens[:b, i] = sample(laws.q_sample, generator)
+        u = torch.rand(b, 1, generator=generator, dtype=laws.q_sample.dtype, device=k.device)  # as sample() draws
+        tokens[:b, i] = inverse_cdf(laws.q_sample, u)[:, 0]
+        uniforms[:b, i] = u[:, 0]
         q_ratio[:b, i] = laws.q_ratio
         if i < k_max - 1:
             logits = draft.feed(tokens[:, i : i + 1], widths=(k > i + 1).long())[:, -1]
-    return tokens, q_ratio
+    return tokens, q_ratio, uniforms
 
 
 def verify(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, k: torch.Tensor, verifier: Verifier,
-           generator: torch.Generator):
+           generator: torch.Generator, draft_u: torch.Tensor):
     """Accept/reject the first k[b] drafts of chain b. p: (B, K+1, V), q: (B, K, V), drafts: (B, K),
-    k: (B,) in [0, K] -> (n (B,) accepted drafts, y (B,) the token after them)."""
+    k: (B,) in [0, K], draft_u: (B, K) the uniforms the drafts were drawn with -> (n (B,) accepted drafts,
+    y (B,) the token after them)."""
     B, K, V = q.shape
     drafted = torch.arange(K, device=p.device)[None] < k[:, None]  # (B, K)
     p_x = p[:, :K].gather(-1, drafts[..., None]).squeeze(-1)  # (B, K)
     q_x = torch.where(drafted, q.gather(-1, drafts[..., None]).squeeze(-1), 1.0)  # (B, K)
-    u = torch.rand(B, K, generator=generator, dtype=p.dtype, device=p.device)
+    u = verifier.noise.uniforms(draft_u, generator)  # (B, K); a correct rule draws them afresh
     accepted = drafted & (u < verifier.accept_prob(p_x, q_x))  # (B, K)
     n = torch.cumprod(accepted.long(), dim=1).sum(dim=1)  # (B,) accepted before the first rejection
     rows = torch.arange(B, device=p.device)
@@ -148,10 +153,11 @@ def _speculative_batch(pair, prompt, n, length, config, generator) -> SampleResu
             keep = torch.stack([has_pending, torch.ones_like(has_pending)], dim=1)
         else:
             first, keep = last[:, None], None
-        drafts, q = propose(draft, first, keep, k, config, generator)  # (B, k_max), (B, k_max, V)
+        drafts, q, draft_u = propose(draft, first, keep, k, config, generator)  # (B, k_max), (B, k_max, V), (B, k_max)
         p_logits = target.feed(torch.cat([last[:, None], drafts], dim=1), widths=k + 1)  # (B, k_max+1, V)
         p = config.verifier.target_law(p_logits, config.sampling)
-        n_acc, y = verify(p, q, drafts, k, config.verifier, generator)  # (B,), (B,)
+        judge = verify_block if config.verifier.block else verify
+        n_acc, y = judge(p, q, drafts, k, config.verifier, generator, draft_u)  # (B,), (B,)
 
         slot = torch.arange(k_max, device=device)[None]  # (1, k_max)
         rejected = slot >= n_acc[:, None]  # (B, k_max) drafts after the first rejection (or never drafted)

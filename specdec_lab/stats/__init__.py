@@ -31,18 +31,18 @@ from specdec_lab.stats.identity import (adk_identity, chisquare_identity, closen
                                         conditional_tests, dirichlet_eprocess, holm, logprob_ztest,
                                         merge_tail, pit_ks_test, randomized_pit, uniformity_test)
 from specdec_lab.stats.independence import _collision_null, _collision_parts, collision_test, pair_cells
-from specdec_lab.stats.planning import (plan_bound_by_simulation, plan_sample_size, plan_tv_bound_samples,
-                                        plan_two_sample_bound, power_chisquare)
+from specdec_lab.stats.planning import (LookPlan, plan_bound_by_simulation, plan_looks, plan_sample_size,
+                                        plan_tv_bound_samples, plan_two_sample_bound, power_chisquare)
 from specdec_lab.stats.results import (ADKResult, ChiSquareResult, ClosenessResult, CollisionResult,
                                        EProcessResult, HolmResult, KSResult, ZResult)
 
 __all__ = [
-    "ADKResult", "BoundPlan", "ChiSquareResult", "ClosenessResult", "CollisionResult", "EProcessResult",
+    "ADKResult", "BoundPlan", "LookPlan", "ChiSquareResult", "ClosenessResult", "CollisionResult", "EProcessResult",
     "FLOOR_MULTIPLES", "HolmResult", "SKEW_CAP", "KSResult", "KeptSetTest", "TVBound", "TV_ROUTES", "ZResult",
     "adk_identity", "chisquare_identity", "closeness_two_sample", "collision_test", "conditional_tests",
     "deviation_shapes", "dirichlet_eprocess", "expected_tv_bound", "expected_tv_plugin", "holder_statistic",
     "holder_statistics", "holm", "kl_miller_madow", "logprob_ztest", "plugin_margin", "merge_tail", "pair_cells",
-    "pit_ks_test", "plan_bound_by_simulation", "poisson_quadratic_k3", "plan_sample_size", "plan_tv_bound_samples",
+    "pit_ks_test", "plan_bound_by_simulation", "plan_looks", "poisson_quadratic_k3", "plan_sample_size", "plan_tv_bound_samples",
     "plan_two_sample_bound",
     "power_chisquare", "randomized_pit", "skew_k3_coefficients", "skew_lift", "tv_plugin", "tv_upper_bound", "two_sample_tv_upper",
     "uniformity_test", "binomial_tail", "clopper_pearson_upper", "coupling_pairs_needed", "coupling_tv_upper",

@@ -8,6 +8,8 @@ case at a TV.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from scipy import stats as sps
 
@@ -195,3 +197,47 @@ def plan_sample_size(eps: float, n_bins: int, alpha: float = 0.01, power: float 
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if power_chisquare(mid, eps, n_bins, alpha) >= power else (mid, hi)
     return hi
+
+
+@dataclass(frozen=True)
+class LookPlan:
+    """A row judged in looks: ``sizes`` the cumulative samples at each look; each look's bound at ``confidence`` and its
+    tests at Holm's ``alpha``, the run's level split evenly over the looks (Bonferroni), so that whatever look the row
+    stops at, its bound holds and its false rejection stays below the run's level."""
+
+    sizes: tuple
+    confidence: float
+    alpha: float
+
+
+def plan_looks(p, eps: float, *, looks: int = 3, confidence: float = 0.99, alpha: float = 0.01,
+               assurance: float = 0.999, first_assurance: float = 0.6, rng: np.random.Generator | None = None,
+               joint=None, joint_eps: float | None = None) -> LookPlan:
+    """Looks for a correct row that stops at its first certification: the last look at the size where the bound at the
+    spent confidence 1 − (1 − confidence)/looks is below ε with probability ``assurance`` (as the fixed-m plan, at the
+    stronger level), the first where it is below ε with probability ``first_assurance``, geometric between.
+
+    With ``joint`` (a two-token law) and ``joint_eps``, each look is also large enough for the joint bound at the same
+    probabilities. ``looks`` = 1 is the fixed-m plan (:func:`plan_bound_by_simulation`).
+
+    >>> plan = plan_looks(np.full(100, 0.01), 0.05, rng=np.random.default_rng(0))
+    >>> len(plan.sizes), plan.sizes[0] < plan.sizes[-1], round(plan.confidence, 4), round(plan.alpha, 5)
+    (3, True, 0.9967, 0.00333)
+    """
+    if not isinstance(looks, int) or looks < 1:
+        raise ValueError(f"looks must be an integer >= 1, got {looks!r}")
+    spent = 1 - (1 - confidence) / looks
+
+    def size(sure: float, at_least: int | None = None) -> int:
+        m = plan_bound_by_simulation(p, eps, confidence=spent, assurance=sure, rng=rng, at_least=at_least)
+        if joint is not None and joint_eps is not None:
+            m = plan_bound_by_simulation(joint, joint_eps, confidence=spent, assurance=sure, rng=rng, at_least=m)
+        return m
+
+    last = size(assurance)
+    if looks == 1:
+        return LookPlan((last,), spent, alpha)
+    first = min(size(first_assurance), last)
+    ratio = (last / first) ** (1 / (looks - 1))
+    sizes = tuple(sorted({int(round(first * ratio ** j)) for j in range(looks - 1)} | {last}))
+    return LookPlan(sizes, spent, alpha / looks)
