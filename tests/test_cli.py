@@ -30,7 +30,7 @@ def test_verify_smoke_writes_report(tmp_path, capsys):
     assert record["models"]["target_sha256"] and record["specdec_lab"] and record["date"]
     for name in ("report.md", "summary.csv", "tests.csv", "results.json", "tv_bounds.png", "first_token.png", "pit.png"):
         assert (folder / name).stat().st_size > 0, name
-    assert len(summary) == 5 + len(FAULTY) + 1  # + the overlapping-streams control
+    assert len(summary) == 6 + len(FAULTY) + 1  # six lossless rows, the controls, the overlapping-streams control
     assert set(summary.verdict) <= {"equivalent", "rejected", "inconclusive"}
     # the big negative controls are caught even at smoke scale
     for name in ("always_accept", "residual_from_q", "swapped_ratio"):

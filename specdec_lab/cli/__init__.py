@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("collect", help="collect samples from one sampler into a parquet file")
     add_pair_arguments(c)
     c.add_argument("--sampler", default="leviathan",
-                   help="naive, leviathan, point_mass or a faulty variant name")
+                   help="naive, leviathan, point_mass, block or a faulty variant name")
     c.add_argument("--k", type=int, default=4)
     c.add_argument("--trim", action="store_true",
                    help="draft min(K, r - 1) tokens when r are missing: less work, the same law for a "

@@ -314,3 +314,11 @@ def block_tokens_per_pass(pair, prompt_ids: torch.Tensor, settings: dict, sample
                 row[f"measured K={k} {rule}"] = stats_["tokens_per_target_pass"]
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def block_with_stop(stop):
+    """Block verification (:data:`specdec_lab.samplers.rules.BLOCK`) with another stop rule ``stop(w, r) -> h``: the
+    notebook's break-it-yourself handle (the correct rule is :func:`specdec_lab.samplers.rules.lookahead_stop`)."""
+    from specdec_lab.samplers.rules import BLOCK
+
+    return replace(BLOCK, name="block (edited stop rule)", block=stop)

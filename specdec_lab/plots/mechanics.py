@@ -109,14 +109,15 @@ def block_routes(routes: dict[str, np.ndarray], p_next: np.ndarray, tv: pd.DataF
     return fig
 
 
-def bug_anatomy(parts: list[dict], top: int = 12, tokens=None, cols: int = 3) -> Figure:
+def bug_anatomy(parts: list[dict], top: int = 12, tokens=None, cols: int = 4) -> Figure:
     """One panel per negative control: the first step it emits, split into the accepted-draft part and the
     replacement part, against the true target law p (black ticks) over p's ``top`` tokens; its exact TV in
     the title. ``parts``: dicts with ``name``, ``p``, ``kept``, ``replaced``, ``tv`` and ``label`` (what the two
     parts are called, e.g. for the bonus fault) from
     :func:`specdec_lab.experiments.negative_controls.bug_anatomy`."""
     rows = -(-len(parts) // cols)
-    fig, axes = new_grid(rows, cols, (4.3 * cols, 3.3 * rows + 0.9))  # own y range each: no panel flattened
+    # own y range each: no panel flattened; 85 dpi keeps a dozen panels' PNG small in a committed notebook
+    fig, axes = new_grid(rows, cols, (3.4 * cols, 2.7 * rows + 0.9), dpi=85)
     colors = sns.color_palette()
     for ax, part in zip(axes.flat, parts):
         order = np.argsort(part["p"])[::-1][:top]
@@ -130,11 +131,11 @@ def bug_anatomy(parts: list[dict], top: int = 12, tokens=None, cols: int = 3) ->
             ax.set_xticks(x, [tokens[i] for i in order], rotation=90, fontsize=8)
         else:
             ax.set_xticks([])
-        ax.set_title(wrap(f"{part['name']}: exact TV {part['tv']:.3f}", 4.1, 10), fontsize=10)
-        ax.legend(fontsize=7.5, loc="upper right")
+        ax.set_title(wrap(f"{part['name']}: exact TV {part['tv']:.3f}", 3.3, 9), fontsize=9)
+        ax.legend(fontsize=7, loc="upper right")
     return finish_grid(fig, axes, len(parts), "probability",
                        wrap("Anatomy of each negative control: where its one step puts the mass (bars) against "
-                            "where p puts it (ticks)", 4.3 * cols, 12), 12)
+                            "where p puts it (ticks)", 3.4 * cols, 12), 12)
 
 
 def agreement_by_position(agreement: np.ndarray, independent_first: float) -> Figure:
