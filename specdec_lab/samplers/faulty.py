@@ -1,16 +1,16 @@
 """Negative controls: speculative samplers with one realistic bug each.
 
-Each entry is a :class:`~specdec_lab.samplers.rules.Verifier` that differs from
-:data:`~specdec_lab.samplers.rules.LEVIATHAN` in exactly one piece, and records its source in
-``anchor``: the engine and the issue or pull request where the bug shipped (three of the nine: HF
-transformers issue #47932; HF PR #30778, reported as #32867 and reverted by PR #33534; vLLM issue
-#9834, fixed by PR #10198 — each checked against the public tracker), or "common re-implementation
-error" for the rest. ``needs`` names the settings under which the bug changes the output law (a
-temperature bug is invisible at temperature 1; ``k`` is the number of draft tokens, the rest are
-:class:`~specdec_lab.sampling.SamplingConfig` fields). A harness that passes any of these is broken.
+Each entry is a :class:`~specdec_lab.samplers.rules.Verifier` that differs from a lossless rule
+(:data:`~specdec_lab.samplers.rules.LEVIATHAN`, or :data:`~specdec_lab.samplers.rules.BLOCK` /
+:data:`~specdec_lab.samplers.rules.POINT_MASS` where named) in exactly one piece, and records its source in
+``anchor``: the engine and the issue or pull request where the bug shipped (each checked against the public
+tracker), the shape a tracker describes where it never shipped (said so), or "common re-implementation error".
+``needs`` names the settings under which the bug changes the output law (a temperature bug is invisible at
+temperature 1; ``k`` is the number of draft tokens, the rest are :class:`~specdec_lab.sampling.SamplingConfig`
+fields). A harness that passes any of these is broken.
 
 >>> sorted(FAULTY)[:3]
-['always_accept', 'argmax_draft_softmax_q', 'bonus_wrong_position']
+['always_accept', 'argmax_draft_logit_q', 'argmax_draft_softmax_q']
 """
 
 from __future__ import annotations
