@@ -47,7 +47,7 @@ def test_negative_controls_need_no_plan(pair, monkeypatch):
     """The controls start in the workers before the lossless rows are planned: building them plans nothing."""
     from specdec_lab import verify
 
-    options = VerifyOptions(medusa=False)
+    options = VerifyOptions(scale="smoke", medusa=False)  # smoke: no planning to wait for; the split is the same
     everything = {row.index: row for row in rows_to_run(pair, options)}
     lossless = rows_to_run(pair, options, lossless=True)
     monkeypatch.setattr(verify, "plan_samples", lambda *a: pytest.fail("the controls planned"))

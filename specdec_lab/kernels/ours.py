@@ -118,6 +118,15 @@ NOT_AT_KERNEL_LEVEL = {
     "overlapping_streams": "a property of random streams across requests and batches (seeds reused); a kernel "
                            "call receives one generator. Its kernel-level relative, rows of one call sharing "
                            "random numbers, is the batch control greedy_shares_uniforms",
+    "block_no_lookahead": "a block-verification rule: this kernel contract judges drafts token by token (keep, then "
+                          "a residual); a block kernel has another contract",
+    "block_tokenwise_residual": "a block-verification rule: this kernel contract judges drafts token by token",
+    "draft_noise_reused": "the fault couples the draft's random numbers with the acceptance test's; the harness "
+                          "draws the drafts outside the kernel, from their own stream",
+    "target_zeroed_before_recovery": "a point-mass (n-gram) rule: the harness draws sampled drafts from draft_probs, "
+                                     "as the contract says",
+    "argmax_draft_logit_q": "the fault is in producing draft_tokens and draft_probs (the argmax, with raw logits as "
+                            "q); the kernel receives both as data",
 }
 KERNEL_Q = {"q_untempered": untempered_q}  # the draft-law controls a kernel can commit, in kernel form
 
